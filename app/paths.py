@@ -1,0 +1,28 @@
+"""Where Ferrox Chat keeps its files: one place decides the data directory.
+
+Order: an explicit `--data-dir`, then the FERROX_DATA_DIR environment variable, then
+platformdirs' user data directory (e.g. ~/.local/share/ferrox-chat on Linux,
+~/Library/Application Support/ferrox-chat on macOS, %LOCALAPPDATA%\\ferrox-chat on Windows).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from platformdirs import user_data_dir
+
+APP_DIR_NAME = "ferrox-chat"
+
+
+def data_dir(override: str | os.PathLike | None = None) -> Path:
+    chosen = override or os.environ.get("FERROX_DATA_DIR") or user_data_dir(APP_DIR_NAME, appauthor=False)
+    path = Path(chosen).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir(override: str | os.PathLike | None = None) -> Path:
+    path = data_dir(override) / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

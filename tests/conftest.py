@@ -1,0 +1,39 @@
+"""Shared fixtures. Every test runs with its own temporary data directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+# The embedded model is assembled once per test session into a cache shared by tests that
+# only read it; FERROX_TEST_MODEL_DIR lets a developer reuse one across runs.
+_MODEL_CACHE = os.environ.get("FERROX_TEST_MODEL_DIR")
+
+
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    monkeypatch.setenv("FERROX_DATA_DIR", str(data))
+    return data
+
+
+@pytest.fixture(scope="session")
+def embedded_model_path(tmp_path_factory) -> Path:
+    from app.models.embedded import ensure_embedded_model
+
+    models = Path(_MODEL_CACHE) if _MODEL_CACHE else tmp_path_factory.mktemp("models")
+    return ensure_embedded_model(models)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """../shared next to the checkout (reference outputs); tests needing it skip without it."""
+    here = Path(__file__).resolve().parents[1]
+    for candidate in (here.parent / "shared", here / "shared"):
+        if (candidate / "reference").is_dir():
+            return candidate
+    pytest.skip("../shared/reference is not available")

@@ -49,6 +49,7 @@ _SCALAR_TYPES: dict[int, tuple[str, np.dtype]] = {
 }
 _STRING = 8
 _ARRAY = 9
+_MAX_ARRAY_DEPTH = 16
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,9 @@ class _Cursor:
         self.pos = pos
         return out
 
-    def array(self, what: str) -> Any:
+    def array(self, what: str, depth: int = 0) -> Any:
+        if depth > _MAX_ARRAY_DEPTH:
+            raise ModelError(f"{self.path.name} is corrupt: arrays nested too deeply in {what}.")
         elem_type = self.u32(what)
         count = self.u64(what)
         if elem_type == _STRING:
@@ -137,7 +140,7 @@ class _Cursor:
             self.pos += count * dtype.itemsize
             return arr
         if elem_type == _ARRAY:
-            return [self.array(what) for _ in range(count)]
+            return [self.array(what, depth + 1) for _ in range(count)]
         raise ModelError(f"{self.path.name} is corrupt: unknown array element type {elem_type} in {what}.")
 
     def value(self, value_type: int, what: str) -> Any:
@@ -166,12 +169,19 @@ class GGUFFile:
             raise ModelError(f"{self.path} is a folder, not a GGUF model file.")
         try:
             self._file = open(self.path, "rb")
+        except OSError as exc:
+            raise ModelError(f"Cannot read {self.path}: {exc.strerror or exc}") from exc
+        try:
             size = os.fstat(self._file.fileno()).st_size
             if size < 24:
                 raise ModelError(f"{self.path.name} is not a GGUF model file (only {size} bytes).")
             self._mmap = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
+            self._file.close()
             raise ModelError(f"Cannot read {self.path}: {exc.strerror or exc}") from exc
+        except ModelError:
+            self._file.close()
+            raise
         self._view = memoryview(self._mmap)
         try:
             self._parse()
@@ -187,6 +197,12 @@ class GGUFFile:
             )
         cur.pos = 4
         self.version = cur.u32("the version")
+        if self.version not in SUPPORTED_VERSIONS and self.version.to_bytes(4, "little")[::-1] in (
+            v.to_bytes(4, "little") for v in SUPPORTED_VERSIONS
+        ):
+            raise ModelError(
+                f"{self.path.name} is a big-endian GGUF file; only little-endian files are supported."
+            )
         if self.version not in SUPPORTED_VERSIONS:
             raise ModelError(
                 f"{self.path.name} uses GGUF version {self.version}; supported versions are "
@@ -196,7 +212,10 @@ class GGUFFile:
         n_kv = cur.u64("the metadata count")
         # Each entry takes at least a few bytes, so larger counts can only come from corruption.
         if n_tensors > len(self._view) // 24 or n_kv > len(self._view) // 12:
-            raise ModelError(f"{self.path.name} is corrupt: impossible header counts.")
+            raise ModelError(
+                f"{self.path.name} is truncated or corrupt: its header lists {n_tensors:,} tensors "
+                f"and {n_kv:,} metadata entries, more than its {len(self._view):,} bytes can hold."
+            )
 
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
@@ -214,7 +233,9 @@ class GGUFFile:
             offset = cur.u64(name)
             infos.append((name, dims, type_id, offset))
 
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or isinstance(alignment, bool):
+            raise ModelError(f"{self.path.name} is corrupt: alignment {alignment!r} is not an integer.")
         if alignment <= 0 or alignment & (alignment - 1):
             raise ModelError(f"{self.path.name} is corrupt: alignment {alignment} is not a power of two.")
         data_start = (cur.pos + alignment - 1) // alignment * alignment

@@ -1,0 +1,62 @@
+"""A contiguous KV cache for one sequence: the simplest `KVView`, and the reference the paged
+pool is tested against.
+
+Keys/values live in [1, Hkv, capacity, D] buffers per layer. `length` (positions written) is
+the only cursor: a forward writes its T new positions at [length, length + T) in every layer,
+then `commit(T)` advances it. Nothing else stores where a sequence is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from app.models.gemma3 import Gemma3Config
+
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """q_pos [S, T], k_pos [S, L] (-1 = empty slot) -> bool [S, 1, T, L], True = may attend.
+
+    Causal; a sliding layer sees the last `window` positions, itself included."""
+    q = q_pos[:, :, None]
+    k = k_pos[:, None, :]
+    allowed = (k >= 0) & (k <= q)
+    if window is not None:
+        allowed &= (q - k) < window
+    return allowed[:, None]
+
+
+class ContiguousKV:
+    def __init__(self, cfg: Gemma3Config, capacity: int, device: torch.device, dtype: torch.dtype):
+        shape = (1, cfg.n_kv_heads, capacity, cfg.head_dim)
+        self.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.capacity = capacity
+        self.length = 0
+        self._masks: dict[tuple[int | None, int], torch.Tensor] = {}
+
+    def positions(self, n_new: int) -> torch.Tensor:
+        """[1, n_new] positions of the next tokens, read off the cache."""
+        if self.length + n_new > self.capacity:
+            raise ValueError(f"{self.length + n_new} positions do not fit a cache of {self.capacity}.")
+        return torch.arange(self.length, self.length + n_new,
+                            device=self.keys[0].device)[None]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int | None):
+        T = k.shape[2]
+        end = self.length + T
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        # A sliding layer only needs the keys its oldest query can still see.
+        start = max(0, self.length - window + 1) if window is not None else 0
+        mask = self._masks.get((window, T))
+        if mask is None:
+            device = k.device
+            q_pos = torch.arange(self.length, end, device=device)[None]
+            k_pos = torch.arange(start, end, device=device)[None]
+            mask = self._masks[(window, T)] = attention_mask(q_pos, k_pos, window)
+        return self.keys[layer][:, :, start:end], self.values[layer][:, :, start:end], mask
+
+    def commit(self, n_new: int) -> None:
+        """The forward that wrote `n_new` positions is complete."""
+        self.length += n_new
+        self._masks.clear()

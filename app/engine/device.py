@@ -1,0 +1,85 @@
+"""Device and dtype policy: the one place that decides where a model runs and in what precision.
+
+`auto` picks CUDA, then MPS, then the CPU. Weight dtype for `auto`, per device:
+  - CUDA: bfloat16 where the GPU supports it, else float16;
+  - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
+  - CPU: float16 weights -- decode is memory-bound, and torch's float16 F.linear reads
+    half the bytes of float32 with a faster kernel than bfloat16's (2-core dev machine,
+    Gemma 3 270M decode: float32 ~18 tok/s, bfloat16 ~30, float16 weights ~50; see
+    `python -m app bench`).
+
+Activations (and so the KV cache) stay float32 whenever the weights are float16, and on the
+CPU: Gemma's activations overflow float16 (measured: all-NaN logits in pure float16), and the
+CPU has no faster narrow arithmetic to gain. Only bfloat16 weights on a GPU compute in bfloat16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DeviceError(ValueError):
+    """A requested device or dtype is not available here; the message says which and why."""
+
+
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name not in DEVICE_CHOICES:
+        raise DeviceError(f"Unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}.")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("CUDA was requested but no CUDA GPU is usable by this torch build.")
+    if name == "mps" and not mps_available():
+        raise DeviceError("MPS was requested but Apple Metal is not available here.")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name not in DTYPE_CHOICES:
+        raise DeviceError(f"Unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float16
+
+
+def compute_dtype_for(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    if weight_dtype == torch.bfloat16 and device.type != "cpu":
+        return torch.bfloat16
+    return torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def configure_cpu_threads() -> None:
+    """Use every physical core for matmuls unless the user set OMP_NUM_THREADS."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def load_on(path, device: str = "auto", dtype: str = "auto"):
+    """Load a model file where the policy says: device and dtype names as the user gives them."""
+    from app.models.loader import load_model
+
+    torch_device = resolve_device(device)
+    weight_dtype = resolve_dtype(dtype, torch_device)
+    if torch_device.type == "cpu":
+        configure_cpu_threads()
+    return load_model(path, torch_device, weight_dtype, compute_dtype_for(weight_dtype, torch_device))

@@ -1,0 +1,128 @@
+"""Sampling: `SamplingParams` travels unchanged from the UI or CLI to here, and becomes tensor
+operations in exactly one function, `RequestSampler.next_token`.
+
+Each request owns a `RequestSampler` with its own seeded generator and token counts, and a
+row's logits are sampled on their own, so the same seed gives the same tokens whatever else
+shares the batch. Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)), which
+draws exactly from p without `torch.multinomial` (buggy on MPS at times) and needs only one
+noise draw per candidate token, made on the CPU so a seed means the same thing on every device.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 512
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 64  # 0 = off
+    top_p: float = 0.95  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off; >1 discourages tokens already seen
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None = a fresh random seed per request
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0  # how many alternatives to report per token (0 = none)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.temperature >= 0, "temperature must be 0 (greedy) or more"),
+            (self.top_k >= 0, "top_k must be 0 (off) or more"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be positive"),
+            (0 <= self.top_logprobs <= 20, "top_logprobs must be between 0 and 20"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """One sampled token with its log-probability under the model (before any shaping)."""
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class RequestSampler:
+    params: SamplingParams
+    seed: int = field(init=False)
+    _counts: dict[int, int] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+        self._generator = torch.Generator(device="cpu")
+        self._generator.manual_seed(self.seed)
+
+    def observe(self, token_ids) -> None:
+        """Count tokens for the penalties (the prompt's and every generated one)."""
+        for t in token_ids:
+            self._counts[t] = self._counts.get(t, 0) + 1
+
+    def next_token(self, logits: torch.Tensor) -> TokenChoice:
+        """logits: [V] float32 for one request -> the chosen token (also counted)."""
+        p = self.params
+        logprobs = None
+        if p.top_logprobs:
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+        shaped = self._penalized(logits.float())
+        if p.greedy:
+            token = int(torch.argmax(shaped))
+        else:
+            token = self._race(shaped / p.temperature)
+        self.observe((token,))
+        if logprobs is None:
+            return TokenChoice(token, float("nan"))
+        values, ids = torch.topk(logprobs, p.top_logprobs)
+        top = tuple(zip(ids.tolist(), values.tolist()))
+        return TokenChoice(token, float(logprobs[token]), top)
+
+    def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        if not self._counts or (p.repetition_penalty == 1 and not p.presence_penalty
+                                and not p.frequency_penalty):
+            return logits
+        ids = torch.tensor(list(self._counts), device=logits.device)
+        counts = torch.tensor(list(self._counts.values()), device=logits.device,
+                              dtype=logits.dtype)
+        seen = logits.index_select(0, ids)
+        if p.repetition_penalty != 1:
+            seen = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
+        seen = seen - p.presence_penalty - p.frequency_penalty * counts
+        return logits.index_copy(0, ids, seen)
+
+    def _race(self, logits: torch.Tensor) -> int:
+        """Top-k, softmax, top-p, min-p, then the exponential race over what is left."""
+        p = self.params
+        k = min(p.top_k, logits.numel()) if p.top_k else logits.numel()
+        values, ids = torch.topk(logits, k)  # sorted, descending
+        probs = torch.softmax(values, dim=-1)
+        keep = torch.ones_like(probs, dtype=torch.bool)
+        if p.top_p < 1:
+            before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
+            keep &= before < p.top_p
+        if p.min_p > 0:
+            keep &= probs >= p.min_p * probs[0]
+        n = int(keep.sum())  # kept tokens are a prefix of the sorted list
+        probs = probs[:n].cpu()
+        noise = torch.empty(n).exponential_(generator=self._generator)
+        return int(ids[int(torch.argmax(probs / noise))])

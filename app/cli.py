@@ -1,0 +1,197 @@
+"""The headless command line: `generate` and `tokenize` (and the parser `python -m app` uses).
+
+This is a user feature and a contract external checks rely on: flags and JSON keys are kept
+exactly as documented in the README. Every failure prints one clear line to stderr and exits
+non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated token ids, e.g. 2,818,5279") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, device: bool = True) -> None:
+    from app.engine.device import DEVICE_CHOICES, DTYPE_CHOICES
+
+    parser.add_argument("--model", default="default",
+                        help="path to a .gguf file, or 'default' for the embedded Gemma 3 270M")
+    if device:
+        parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
+        parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument("--data-dir", default=None, help="where chats and models live")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from app.engine.sampling import SamplingParams
+
+    defaults = SamplingParams()
+    parser = _Parser(prog="ferrox-chat", description="Chat with local language models.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate a completion headlessly")
+    add_model_options(gen)
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text (BOS added; --chat wraps it as a user turn)")
+    source.add_argument("--prompt-ids", type=_ids, help="comma-separated token ids, used exactly")
+    gen.add_argument("--chat", action="store_true", help="wrap --prompt as one user turn")
+    gen.add_argument("--max-tokens", type=_positive, default=defaults.max_tokens)
+    gen.add_argument("--temperature", type=float, default=defaults.temperature,
+                     help="0 means greedy")
+    gen.add_argument("--top-k", type=int, default=defaults.top_k)
+    gen.add_argument("--top-p", type=float, default=defaults.top_p)
+    gen.add_argument("--min-p", type=float, default=defaults.min_p)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--top-logprobs", type=int, default=0)
+    gen.add_argument("--prefill-chunk", type=_positive, default=512)
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+    tok = sub.add_parser("tokenize", help="text on stdin -> JSON token ids (no BOS)")
+    add_model_options(tok, device=False)
+    tok.add_argument("--special", action="store_true", help="parse control-token strings")
+    tok.add_argument("--jsonl", action="store_true", help="each stdin line is a JSON string")
+    return parser
+
+
+def resolve_model_path(spec: str, data_dir: str | None) -> Path:
+    from app.paths import models_dir
+
+    if spec == "default":
+        from app.models.embedded import ensure_embedded_model
+
+        return ensure_embedded_model(models_dir(data_dir))
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise CliError(f"Model file not found: {path}")
+    return path
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from app.models.gguf_file import GGUFFile
+    from app.models.tokenizer import Tokenizer
+
+    with GGUFFile(resolve_model_path(args.model, args.data_dir)) as gguf:
+        tokenizer = Tokenizer.from_gguf(gguf)
+    if not args.jsonl:
+        print(json.dumps(tokenizer.encode(sys.stdin.read(), special=args.special)))
+        return 0
+    for n, line in enumerate(sys.stdin, 1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)
+        except json.JSONDecodeError:
+            raise CliError(f"line {n} of stdin is not a JSON string") from None
+        if not isinstance(text, str):
+            raise CliError(f"line {n} of stdin is JSON but not a string")
+        print(json.dumps(tokenizer.encode(text, special=args.special)), flush=True)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from app.engine.device import dtype_name, load_on
+    from app.engine.generate import generate
+    from app.engine.sampling import SamplingParams
+    from app.models.chat_template import Message, encode_chat
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                seed=args.seed, top_logprobs=args.top_logprobs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.prompt_ids is not None and args.chat:
+        raise CliError("--chat applies to --prompt text, not to --prompt-ids")
+    path = resolve_model_path(args.model, args.data_dir)
+    loaded = load_on(path, args.device, args.dtype)
+    tok = loaded.tokenizer
+    if args.prompt_ids is not None:
+        bad = [i for i in args.prompt_ids if not 0 <= i < tok.vocab_size]
+        if bad:
+            raise CliError(f"token id {bad[0]} is outside the vocabulary (0..{tok.vocab_size - 1})")
+        prompt_ids = args.prompt_ids
+    elif args.chat:
+        prompt_ids = encode_chat(tok, loaded.template, [Message("user", args.prompt)])
+    else:
+        prompt_ids = ([tok.bos_id] if tok.add_bos else []) + tok.encode(args.prompt)
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    result = generate(loaded, prompt_ids, params, prefill_chunk=args.prefill_chunk,
+                      on_text=None if args.json else stream)
+    if not args.json:
+        sys.stdout.write("\n")
+        return 0
+    print(json.dumps({
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": dtype_name(loaded.dtype),
+        "prompt_ids": result.prompt_ids,
+        "completion_ids": result.completion_ids,
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "logprobs": [{"id": c.id, "logprob": c.logprob, "top": [list(t) for t in c.top]}
+                     for c in result.completion] if params.top_logprobs else [],
+        "usage": {"prompt_tokens": len(result.prompt_ids),
+                  "cached_tokens": result.cached_tokens,
+                  "completion_tokens": len(result.completion)},
+        "timings": {"load_s": round(loaded.load_seconds, 4),
+                    "prefill_s": round(result.prefill_seconds, 4),
+                    "decode_tokens_per_s": round(result.decode_tokens_per_s, 2)},
+    }))
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize}
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a subcommand, turning every expected failure into one line on stderr."""
+    from app.engine.device import DeviceError
+    from app.engine.generate import PromptTooLongError
+    from app.models.errors import ModelError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, ModelError, DeviceError, PromptTooLongError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

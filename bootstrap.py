@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Set up Ferrox Chat in ./.venv: the right torch for this machine, the app, its tests' tools,
+and the embedded model. Safe to run again; it only does what is missing.
+
+    python3 bootstrap.py            # set up
+    python3 bootstrap.py --run ...  # set up, then start the app with the given arguments
+
+torch is pinned to the version the project is tested with. Where it comes from:
+  - this project's Linux CI/dev machines: a local CPU wheel that pip finds by itself;
+  - macOS: PyPI's build, which includes Metal (MPS);
+  - Linux with an NVIDIA GPU: PyPI's default build, which includes CUDA;
+  - Windows with an NVIDIA GPU: PyTorch's CUDA index (PyPI's Windows build is CPU-only).
+Set FERROX_TORCH_SPEC (e.g. "torch==2.13.0") or FERROX_TORCH_INDEX to override.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+TORCH_SPEC = os.environ.get("FERROX_TORCH_SPEC", "torch==2.13.0")
+WINDOWS_CUDA_INDEX = "https://download.pytorch.org/whl/cu128"
+
+
+def venv_python() -> Path:
+    sub = "Scripts/python.exe" if os.name == "nt" else "bin/python"
+    return VENV / sub
+
+
+def run(*cmd: str) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def torch_index() -> list[str]:
+    if "FERROX_TORCH_INDEX" in os.environ:
+        return ["--extra-index-url", os.environ["FERROX_TORCH_INDEX"]]
+    if platform.system() == "Windows" and shutil.which("nvidia-smi"):
+        return ["--extra-index-url", WINDOWS_CUDA_INDEX]
+    return []
+
+
+def has_module(py: Path, module: str) -> bool:
+    return subprocess.run([str(py), "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if sys.version_info < (3, 11):
+        sys.exit("Ferrox Chat needs Python 3.11 or newer.")
+    if not venv_python().exists():
+        print(f"Creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    py = str(venv_python())
+    if not has_module(venv_python(), "torch"):
+        # torch first and pinned: a bare "torch" requirement would pull the newest build.
+        run(py, "-m", "pip", "install", "--quiet", TORCH_SPEC, *torch_index())
+    run(py, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test]")
+    # Put the embedded model in place now, so the first start does not wait for it.
+    run(py, "-c", "from app.paths import models_dir; from app.models.embedded import "
+                  "ensure_embedded_model; print('Model ready:', ensure_embedded_model(models_dir()))")
+    if args[:1] == ["--run"]:
+        return subprocess.call([py, "-m", "app", *args[1:]])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

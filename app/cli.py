@@ -166,9 +166,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "finish_reason": result.finish_reason,
         "logprobs": [{"id": c.id, "logprob": c.logprob, "top": [list(t) for t in c.top]}
                      for c in result.completion] if params.top_logprobs else [],
-        "usage": {"prompt_tokens": len(result.prompt_ids),
-                  "cached_tokens": result.cached_tokens,
-                  "completion_tokens": len(result.completion)},
+        "usage": {"prompt_tokens": result.usage.prompt_tokens,
+                  "cached_tokens": result.usage.cached_tokens,
+                  "completion_tokens": result.usage.completion_tokens},
         "timings": {"load_s": round(loaded.load_seconds, 4),
                     "prefill_s": round(result.prefill_seconds, 4),
                     "decode_tokens_per_s": round(result.decode_tokens_per_s, 2)},
@@ -182,12 +182,12 @@ COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize}
 def run_command(args: argparse.Namespace) -> int:
     """Run a subcommand, turning every expected failure into one line on stderr."""
     from app.engine.device import DeviceError
-    from app.engine.generate import PromptTooLongError
+    from app.engine.generate import GenerationError
     from app.models.errors import ModelError
 
     try:
         return COMMANDS[args.command](args)
-    except (CliError, ModelError, DeviceError, PromptTooLongError) as exc:
+    except (CliError, ModelError, DeviceError, GenerationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -10,19 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from app.engine.masks import attention_mask
 from app.models.gemma3 import Gemma3Config
-
-
-def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """q_pos [S, T], k_pos [S, L] (-1 = empty slot) -> bool [S, 1, T, L], True = may attend.
-
-    Causal; a sliding layer sees the last `window` positions, itself included."""
-    q = q_pos[:, :, None]
-    k = k_pos[:, None, :]
-    allowed = (k >= 0) & (k <= q)
-    if window is not None:
-        allowed &= (q - k) < window
-    return allowed[:, None]
 
 
 class ContiguousKV:

@@ -3,14 +3,20 @@
 `auto` picks CUDA, then MPS, then the CPU. Weight dtype for `auto`, per device:
   - CUDA: bfloat16 where the GPU supports it, else float16;
   - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
-  - CPU: float16 weights -- decode is memory-bound, and torch's float16 F.linear reads
-    half the bytes of float32 with a faster kernel than bfloat16's (2-core dev machine,
-    Gemma 3 270M decode: float32 ~18 tok/s, bfloat16 ~30, float16 weights ~50; see
-    `python -m app bench`).
+  - CPU: bfloat16. Decode is memory-bound, so halving the weight bytes matters most.
+    Measured on the 2-core dev machine (Gemma 3 270M, see `python -m app bench`):
+        weights    decode      prefill 1,024   16-token chunk
+        float32    ~18 tok/s   1.8 s           --
+        bfloat16   ~33 tok/s   0.8 s           39 ms
+        float16    ~50 tok/s   1.8 s           97 ms
+    float16 decodes fastest but torch has no fast float16 matrix-matrix kernel on the
+    CPU, so prefill and the small chunks that interleave with other chats' streams are
+    2-3x slower; bfloat16 is the balanced default, float16 a choice for one long stream.
 
-Activations (and so the KV cache) stay float32 whenever the weights are float16, and on the
-CPU: Gemma's activations overflow float16 (measured: all-NaN logits in pure float16), and the
-CPU has no faster narrow arithmetic to gain. Only bfloat16 weights on a GPU compute in bfloat16.
+Activations (and so the KV cache) stay float32 on the CPU and whenever the weights are
+float16: Gemma's activations overflow float16 (measured: all-NaN logits in pure float16),
+and the CPU gains nothing from narrow activations. Only bfloat16 weights on a GPU compute
+in bfloat16.
 """
 
 from __future__ import annotations
@@ -55,7 +61,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16
 
 
 def compute_dtype_for(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:

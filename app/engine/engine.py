@@ -1,0 +1,372 @@
+"""The engine: continuous batching over a paged KV pool with radix prefix reuse.
+
+API: `submit` and `abort` (thread-safe: they only enqueue), `step` (one scheduling
+iteration, run by the engine's own thread), events out as plain data (`app.engine.events`).
+
+One step reads as one sentence: take commands -> admit waiting requests -> one forward pass
+that carries a decode token for every running request plus, within a budget, the next
+prefill chunk -> sample -> report. Decode comes first so streams never wait behind a long
+prompt; the chunk budget keeps a step close to a decode step while others stream, and opens
+up to `prefill_chunk` tokens when no one is waiting for a token.
+
+Invariants (the seed's, see DESIGN.md):
+  - a prefill starts at `request.written`, read off the KV; adopted and cold prefixes take
+    one path;
+  - an adopted prefix is backed off so at least one prompt token is left to run;
+  - pages for prompt + max_tokens are reserved at admission; a request that does not fit
+    waits (evicting unlocked cache first), one that can never fit fails with a message;
+  - a finished (or aborted) request publishes every full page it wrote -- prompt and reply
+    -- into the radix tree, so the next turn adopts the whole conversation;
+  - usage reports the real prompt length.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.events import (Event, Failed, Finished, PrefillProgress, Queued, Timings, Token,
+                               Usage)
+from app.engine.kv_pool import PagedBatchView, PagedKVPool
+from app.engine.radix_cache import PagePool, RadixCache
+from app.engine.request import Phase, Request
+from app.engine.sampling import SamplingParams
+from app.models.loader import LoadedModel
+
+
+class EngineError(ValueError):
+    """A request the engine refuses at submission; the message says why."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    page_size: int = 16
+    kv_tokens: int = 65_536  # pool capacity in tokens, shared by all chats and the cache
+    prefill_chunk: int = 512  # most prompt tokens in one pass when nobody is streaming
+    min_interleave_chunk: int = 4  # least prompt tokens per pass while others stream
+    # While others stream, a pass with a prefill chunk may take this many times a plain
+    # decode pass (inter-token latency stays within it, prefill still moves).
+    interleave_ratio: float = 2.0
+    max_batch: int = 16  # running requests decoding together
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1 or self.prefill_chunk < 1 or self.min_interleave_chunk < 1:
+            raise ValueError("page size and chunk sizes must be positive")
+        if self.kv_tokens < 2 * self.page_size:
+            raise ValueError("the KV pool must hold at least two pages")
+        if self.interleave_ratio < 1:
+            raise ValueError("interleave_ratio must be at least 1")
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
+        self.loaded = loaded
+        self.config = config
+        num_pages = config.kv_tokens // config.page_size + 1  # + the reserved page 0
+        self.pool = PagedKVPool(loaded.config, num_pages, config.page_size, loaded.device,
+                                loaded.compute_dtype)
+        self.pages = PagePool(num_pages)
+        self.cache = RadixCache(config.page_size)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # admitted, in admission order
+        self._ids = itertools.count(1)
+        # Measured costs that size the interleaved prefill chunk (seconds).
+        self._decode_pass_s = 0.0
+        self._prefill_token_s = 0.0
+        self._warm_up()
+
+    @torch.inference_mode()
+    def _warm_up(self, chunk: int = 32) -> None:
+        """One decode-sized and one chunk-sized pass on scratch pages: the first call of each
+        kernel is slow (lazy initialisation), and the timings seed the chunk budget."""
+        pages = self.pages.allocate(min(-(-chunk // self.config.page_size), self.pages.free_count))
+        chunk = min(chunk, len(pages) * self.config.page_size)
+        try:
+            for n in (1, chunk, 1, chunk):
+                view = PagedBatchView(self.pool, [pages], [0], [n])
+                tokens = torch.full((1, n), self.loaded.tokenizer.bos_id, device=self.loaded.device)
+                started = time.perf_counter()
+                self.loaded.model.logits(self.loaded.model(tokens, view.positions(), view)[0, -1:])
+                if self.loaded.device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+                if n == 1:
+                    self._decode_pass_s = seconds
+                else:
+                    self._prefill_token_s = max(seconds - self._decode_pass_s, 0.0) / n or seconds / n
+        finally:
+            self.pages.release(pages)
+
+    # ---- thread-safe API ---------------------------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+               request_id: str | None = None) -> str:
+        """Queue a request; returns its id. Safe from any thread."""
+        request_id = request_id or f"req-{next(self._ids)}"
+        self._commands.put(("submit", request_id, list(prompt_ids), params))
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request wherever it is (queued, prefilling, decoding). Safe from any thread."""
+        self._commands.put(("abort", request_id))
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix not in use (e.g. to measure a cold start)."""
+        self._commands.put(("clear_cache",))
+
+    # ---- the engine thread -------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or not self._commands.empty())
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        events: list[Event] = []
+        self._take_commands(events)
+        self._admit(events)
+        if self._running:
+            self._run_pass(events)
+        return events
+
+    def reset(self) -> None:
+        """After an internal error: drop every request and the cache, start clean."""
+        self._waiting.clear()
+        self._running.clear()
+        self.pages = PagePool(self.pages.num_pages)
+        self.cache = RadixCache(self.config.page_size)
+
+    def check_integrity(self) -> None:
+        in_use = [p for r in self._running for p in r.own_pages]
+        self.cache.check_integrity(self.pages, in_use)
+
+    @property
+    def context_length(self) -> int:
+        return self.loaded.context_length
+
+    # ---- commands ----------------------------------------------------------------------
+
+    def _take_commands(self, events: list[Event]) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            kind = command[0]
+            if kind == "submit":
+                self._accept(*command[1:], events)
+            elif kind == "abort":
+                self._abort(command[1], events)
+            elif kind == "clear_cache":
+                self.pages.release(self.cache.clear())
+
+    def _accept(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                events: list[Event]) -> None:
+        loaded = self.loaded
+        stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else loaded.stop_token_ids)
+        request = Request(id=request_id, prompt_ids=prompt_ids, params=params,
+                          stop_token_ids=stop_ids, stream=loaded.tokenizer.stream_decoder(),
+                          tokens=prompt_ids or [loaded.tokenizer.bos_id])
+        problem = self._refusal(request)
+        if problem:
+            events.append(Failed(request_id, problem))
+            return
+        request.sampler.observe(request.tokens)
+        self._waiting.append(request)
+        events.append(Queued(request_id, len(prompt_ids)))
+
+    def _refusal(self, request: Request) -> str | None:
+        vocab = self.loaded.config.vocab_size
+        if any(not 0 <= t < vocab for t in request.tokens):
+            return f"The prompt holds a token id outside the vocabulary (0..{vocab - 1})."
+        total = len(request.tokens) + request.params.max_tokens
+        if total > self.context_length:
+            return (f"The prompt has {len(request.prompt_ids):,} tokens and the reply may take "
+                    f"{request.params.max_tokens:,} more, but the model's context holds "
+                    f"{self.context_length:,}. Shorten the prompt or lower max tokens by "
+                    f"{total - self.context_length:,}.")
+        if request.pages_needed(self.config.page_size) > self.pages.usable:
+            return (f"The prompt and reply need {total:,} tokens of KV memory but the engine "
+                    f"was given {self.config.kv_tokens:,}. Lower max tokens or raise the KV "
+                    "memory setting.")
+        return None
+
+    def _abort(self, request_id: str, events: list[Event]) -> None:
+        for request in self._waiting:
+            if request.id == request_id:
+                self._waiting.remove(request)
+                request.finish_reason = "abort"
+                events.append(self._finished(request))
+                return
+        for request in self._running:
+            if request.id == request_id:
+                request.finish_reason = "abort"
+                self._retire(request, events)
+                return
+
+    # ---- admission ---------------------------------------------------------------------
+
+    def _admit(self, events: list[Event]) -> None:
+        """FCFS: the head of the queue is admitted when its pages fit; nobody overtakes it."""
+        while self._waiting and len(self._running) < self.config.max_batch:
+            request = self._waiting[0]
+            if not self._reserve(request):
+                return
+            self._waiting.popleft()
+            request.phase = Phase.PREFILL
+            request.admitted_at = time.perf_counter()
+            self._running.append(request)
+            events.append(PrefillProgress(request.id, request.written, len(request.tokens),
+                                          request.cached_tokens))
+
+    def _reserve(self, request: Request) -> bool:
+        ps = self.config.page_size
+        path = self.cache.match(request.tokens)
+        # Back off so at least one prompt token is left to run: its logits give the first
+        # sampled token.
+        path = path[: (len(request.tokens) - 1) // ps]
+        own = request.pages_needed(ps) - len(path)
+        self.cache.lock(path)
+        shortfall = own - self.pages.free_count
+        if shortfall > 0:
+            self.pages.release(self.cache.evict(shortfall))
+        if own > self.pages.free_count:
+            self.cache.unlock(path)
+            return False
+        request.adopted = path
+        request.pages = [node.page for node in path] + self.pages.allocate(own)
+        request.cached_tokens = request.written = len(path) * ps
+        return True
+
+    # ---- one forward pass --------------------------------------------------------------
+
+    def _run_pass(self, events: list[Event]) -> None:
+        decoding = [r for r in self._running if r.phase is Phase.DECODE]
+        prefilling = [r for r in self._running if r.phase is Phase.PREFILL]
+        batch: list[tuple[Request, list[int]]] = [(r, [r.generated[-1].id]) for r in decoding]
+        budget = self._prefill_budget(streaming=bool(decoding))
+        for request in prefilling:
+            if budget <= 0:
+                break
+            chunk = request.tokens[request.written: request.written + budget]
+            batch.append((request, chunk))
+            budget -= len(chunk)
+        started = time.perf_counter()
+        try:
+            logits = self._forward(batch)
+        except Exception as exc:  # a failed pass fails its requests, never the engine
+            for request, _ in batch:
+                events.append(Failed(request.id, f"The model failed: {exc}"))
+                self._release(request, publish=False)
+            return
+        self._learn_costs(time.perf_counter() - started, decoding, batch)
+        for (request, chunk), row in zip(batch, logits):
+            request.written += len(chunk)
+            if request.phase is Phase.PREFILL:
+                events.append(PrefillProgress(request.id, request.written, len(request.tokens),
+                                              request.cached_tokens))
+                if request.prefill_remaining:
+                    continue
+                request.phase = Phase.DECODE
+            self._sample(request, row, events)
+
+    def _prefill_budget(self, streaming: bool) -> int:
+        cfg = self.config
+        if not streaming or not self._prefill_token_s:
+            return cfg.prefill_chunk if not streaming else cfg.min_interleave_chunk
+        allowed_s = (cfg.interleave_ratio - 1) * self._decode_pass_s
+        return max(cfg.min_interleave_chunk,
+                   min(cfg.prefill_chunk, int(allowed_s / self._prefill_token_s)))
+
+    def _learn_costs(self, seconds: float, decoding: list[Request],
+                     batch: list[tuple[Request, list[int]]]) -> None:
+        """Moving averages of a decode-only pass and of each prefill token on top of one."""
+        prefill_tokens = sum(len(c) for r, c in batch if r.phase is Phase.PREFILL)
+        if not prefill_tokens:
+            self._decode_pass_s = _ema(self._decode_pass_s, seconds)
+        elif decoding and self._decode_pass_s:
+            extra = max(seconds - self._decode_pass_s, 0.0) / prefill_tokens
+            self._prefill_token_s = _ema(self._prefill_token_s, extra)
+        else:
+            self._prefill_token_s = _ema(self._prefill_token_s, seconds / prefill_tokens)
+
+    def _forward(self, batch: list[tuple[Request, list[int]]]) -> torch.Tensor:
+        """Run every request's new tokens in one pass; logits [len(batch), V], one row per
+        request (its last token's)."""
+        model, device = self.loaded.model, self.loaded.device
+        view = PagedBatchView(self.pool, [r.pages for r, _ in batch],
+                              [r.written for r, _ in batch], [len(c) for _, c in batch])
+        tokens = torch.tensor([[t for _, chunk in batch for t in chunk]], device=device)
+        hidden = model(tokens, view.positions(), view)
+        rows = torch.tensor(view.last_token_rows(), device=device)
+        return model.logits(hidden[0].index_select(0, rows)).cpu()
+
+    # ---- sampling and finishing --------------------------------------------------------
+
+    def _sample(self, request: Request, logits: torch.Tensor, events: list[Event]) -> None:
+        choice = request.sampler.next_token(logits)
+        if not request.generated:
+            request.first_token_at = time.perf_counter()
+        request.generated.append(choice)
+        if choice.id in request.stop_token_ids:
+            request.finish_reason = "stop"
+            text = ""
+        else:
+            text = request.stops.feed(request.stream.push(choice.id))
+            if request.stops.stopped:
+                request.finish_reason = "stop"
+            elif len(request.generated) >= request.params.max_tokens:
+                request.finish_reason = "length"
+        if request.finish_reason and not request.stops.stopped:
+            # The reply ends here: release bytes and text held back for what might have come.
+            text += request.stops.feed(request.stream.flush()) + request.stops.flush()
+        request.text += text
+        events.append(Token(request.id, choice.id, text, choice.logprob, choice.top))
+        if request.finish_reason:
+            self._retire(request, events)
+
+    def _retire(self, request: Request, events: list[Event]) -> None:
+        self._release(request, publish=True)
+        events.append(self._finished(request))
+
+    def _release(self, request: Request, publish: bool) -> None:
+        """Hand the request's pages back: full written pages to the tree, the rest freed."""
+        if request in self._running:
+            self._running.remove(request)
+        request.phase = Phase.DONE
+        ps = self.config.page_size
+        keep = request.written // ps if publish else 0
+        tokens = request.sequence[: keep * ps]
+        redundant = self.cache.insert(tokens, request.pages[:keep])
+        self.cache.unlock(request.adopted)
+        adopted_pages = set(p for p in request.pages[: len(request.adopted)])
+        unpublished = [p for p in request.pages[keep:] if p not in adopted_pages]
+        self.pages.release(redundant + unpublished)
+        request.adopted, request.pages = [], []
+
+    def _finished(self, request: Request) -> Finished:
+        now = time.perf_counter()
+        n = len(request.generated)
+        first = request.first_token_at or now
+        decode_s = now - first if request.first_token_at else 0.0
+        timings = Timings(
+            queued_s=(request.admitted_at or now) - request.submitted_at,
+            prefill_s=first - request.admitted_at if request.admitted_at else 0.0,
+            time_to_first_token_s=first - request.submitted_at if request.first_token_at else 0.0,
+            decode_s=decode_s,
+            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0)
+        usage = Usage(len(request.prompt_ids), request.cached_tokens, n)
+        return Finished(request.id, request.finish_reason or "abort", request.text, usage,
+                        timings, tuple(c.id for c in request.generated))
+
+
+def _ema(old: float, new: float, weight: float = 0.3) -> float:
+    return new if not old else old + weight * (new - old)

@@ -1,0 +1,81 @@
+"""Schema migrations, in order: MIGRATIONS[i] takes a database from version i to i + 1.
+
+`PRAGMA user_version` holds how many have run. To change the schema, append a function; never
+edit one that has shipped, since databases in the field have already run it. The runner
+(`database.migrate`) calls each inside its own transaction and bumps the version in the same
+transaction, so a migration must not commit and must not use `executescript` (which commits).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+Migration = Callable[[sqlite3.Connection], None]
+
+# Timestamps are Unix seconds (REAL). JSON columns hold an object, '{}' when empty.
+# Message ids grow with creation, so "ordered by creation" is "ordered by id".
+_V1_STATEMENTS = (
+    """CREATE TABLE chats (
+        id              INTEGER PRIMARY KEY,
+        title           TEXT    NOT NULL,
+        created_at      REAL    NOT NULL,
+        updated_at      REAL    NOT NULL,
+        pinned          INTEGER NOT NULL DEFAULT 0,
+        deleted_at      REAL,
+        model           TEXT,
+        settings        TEXT    NOT NULL DEFAULT '{}',
+        head_message_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
+    )""",
+    """CREATE TABLE messages (
+        id          INTEGER PRIMARY KEY,
+        chat_id     INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+        parent_id   INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+        role        TEXT    NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content     TEXT    NOT NULL DEFAULT '',
+        status      TEXT    NOT NULL DEFAULT 'complete'
+                    CHECK (status IN ('complete', 'streaming', 'stopped', 'error', 'interrupted')),
+        error       TEXT,
+        created_at  REAL    NOT NULL,
+        updated_at  REAL    NOT NULL,
+        metadata    TEXT    NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX messages_by_chat ON messages(chat_id)",
+    "CREATE INDEX messages_by_parent ON messages(parent_id)",
+    "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+    """CREATE TABLE attachments (
+        id          INTEGER PRIMARY KEY,
+        message_id  INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        name        TEXT    NOT NULL,
+        kind        TEXT    NOT NULL,
+        text        TEXT    NOT NULL DEFAULT '',
+        token_count INTEGER NOT NULL DEFAULT 0,
+        size_bytes  INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX attachments_by_message ON attachments(message_id)",
+    """CREATE TABLE models (
+        id             INTEGER PRIMARY KEY,
+        path           TEXT    NOT NULL UNIQUE,
+        name           TEXT    NOT NULL,
+        architecture   TEXT,
+        size_bytes     INTEGER,
+        quantization   TEXT,
+        context_length INTEGER,
+        added_at       REAL    NOT NULL,
+        defaults       TEXT    NOT NULL DEFAULT '{}'
+    )""",
+    """CREATE TABLE app_settings (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+)
+
+
+def _v1_create_tables(conn: sqlite3.Connection) -> None:
+    for statement in _V1_STATEMENTS:
+        conn.execute(statement)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_create_tables,
+)

@@ -1,0 +1,113 @@
+"""Loose checks on what callers hand the store, so bad values fail with a plain StorageError
+at the call that made them, not later in the engine or in an export.
+
+"Loose": known generation settings must have a sensible type and range, unknown keys are kept
+as long as they are JSON, and a value of None means "back to the default" (the key is dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from app.storage.errors import StorageError
+from app.storage.records import ROLES, STATUSES
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# key -> (test, what it must be); ranges follow app.engine.sampling.SamplingParams.
+_SETTING_RULES = {
+    "system_prompt": (lambda v: isinstance(v, str), "text"),
+    "temperature": (lambda v: _number(v) and v >= 0, "a number, 0 or more"),
+    "top_k": (lambda v: _integer(v) and v >= 0, "a whole number, 0 or more"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0 and at most 1"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "a whole number, 1 or more"),
+    "seed": (_integer, "a whole number"),
+    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number above 0"),
+    "presence_penalty": (_number, "a number"),
+    "frequency_penalty": (_number, "a number"),
+}
+
+
+def check_role(role: Any) -> str:
+    if role not in ROLES:
+        raise StorageError(f"A message role must be one of {', '.join(ROLES)}, not {role!r}.")
+    return role
+
+
+def check_status(status: Any) -> str:
+    if status not in STATUSES:
+        raise StorageError(f"A message status must be one of {', '.join(STATUSES)}, not {status!r}.")
+    return status
+
+
+def check_text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise StorageError(f"{what} must be text, not {type(value).__name__}.")
+    return value
+
+
+def check_generation_settings(settings: Mapping[str, Any] | None, what: str = "Chat settings") -> dict[str, Any]:
+    """A checked copy of per-chat settings or per-model defaults (None values kept: they
+    mean "drop this key" to the caller that merges)."""
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise StorageError(f"{what} must be a dictionary, not {type(settings).__name__}.")
+    checked = {}
+    for key, value in settings.items():
+        if not isinstance(key, str):
+            raise StorageError(f"{what} keys must be text, not {key!r}.")
+        rule = _SETTING_RULES.get(key)
+        if value is not None and rule is not None and not rule[0](value):
+            raise StorageError(f"{what}: {key} must be {rule[1]}, not {value!r}.")
+        checked[key] = value
+    to_json(checked, what)
+    return checked
+
+
+def merged(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`current` updated by `changes`; a None in `changes` removes that key."""
+    result = dict(current)
+    for key, value in changes.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = value
+    return result
+
+
+def to_json(value: Any, what: str) -> str:
+    """JSON text for a dict column; StorageError if `value` is not a JSON-able dict."""
+    if not isinstance(value, Mapping):
+        raise StorageError(f"{what} must be a dictionary, not {type(value).__name__}.")
+    try:
+        return json.dumps(dict(value), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise StorageError(f"{what} cannot be saved as JSON: {error}.") from None
+
+
+def check_attachment(attachment: Any) -> tuple[str, str, str, int, int]:
+    """(name, kind, text, token_count, size_bytes) of a NewAttachment or an Attachment."""
+    try:
+        fields = (attachment.name, attachment.kind, attachment.text,
+                  attachment.token_count, attachment.size_bytes)
+    except AttributeError:
+        raise StorageError(f"An attachment must be a NewAttachment, not {type(attachment).__name__}.") from None
+    name, kind, text, tokens, size = fields
+    if not isinstance(name, str) or not name.strip():
+        raise StorageError("An attachment needs a name.")
+    check_text(kind, "An attachment's kind")
+    check_text(text, f"The text of attachment {name!r}")
+    if not (_integer(tokens) and tokens >= 0 and _integer(size) and size >= 0):
+        raise StorageError(f"Attachment {name!r}: token_count and size_bytes must be whole numbers, 0 or more.")
+    return name, kind, text, tokens, size

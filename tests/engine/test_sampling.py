@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.engine.sampling import RequestSampler, SamplingParams
+
+
+def logits(values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_greedy_takes_the_argmax():
+    s = RequestSampler(SamplingParams(temperature=0))
+    assert s.next_token(logits([0.1, 3.0, 2.0])).id == 1
+
+
+def test_top_k_one_is_greedy_whatever_the_seed():
+    for seed in range(5):
+        s = RequestSampler(SamplingParams(temperature=1.5, top_k=1, seed=seed))
+        assert s.next_token(logits([0.1, 3.0, 2.9])).id == 1
+
+
+def test_top_p_and_min_p_cut_the_tail():
+    values = logits([5.0, 4.9, -5.0, -5.0])
+    for seed in range(30):
+        p = SamplingParams(temperature=1.0, top_k=0, top_p=0.5, seed=seed)
+        assert RequestSampler(p).next_token(values).id == 0  # 0 alone holds >= 50%
+        p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.5, seed=seed)
+        assert RequestSampler(p).next_token(values).id in (0, 1)
+
+
+def test_sampling_follows_the_distribution():
+    counts = [0, 0]
+    for seed in range(400):
+        s = RequestSampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=seed))
+        counts[s.next_token(logits([0.0, 1.0986])).id] += 1  # p = 0.25 / 0.75
+    assert 0.18 < counts[0] / 400 < 0.32
+
+
+def test_same_seed_same_tokens():
+    p = SamplingParams(temperature=1.0, top_k=0, seed=42)
+    values = torch.randn(1000)
+    a, b = RequestSampler(p), RequestSampler(p)
+    assert [a.next_token(values).id for _ in range(5)] == [b.next_token(values).id for _ in range(5)]
+
+
+def test_penalties_push_seen_tokens_down():
+    s = RequestSampler(SamplingParams(temperature=0, repetition_penalty=2.0))
+    s.observe([0])
+    assert s.next_token(logits([2.0, 1.5])).id == 1
+    s = RequestSampler(SamplingParams(temperature=0, presence_penalty=1.0, frequency_penalty=0.5))
+    s.observe([0, 0])
+    assert s.next_token(logits([2.5, 1.0])).id == 1  # 2.5 - 1 - 2*0.5 = 0.5 < 1.0
+
+
+def test_logprobs_are_of_the_model_distribution():
+    s = RequestSampler(SamplingParams(temperature=0, top_logprobs=2))
+    choice = s.next_token(logits([0.0, 0.0, 0.0, 0.0]))
+    assert choice.logprob == pytest.approx(-1.3862944)
+    assert len(choice.top) == 2
+
+
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-1), dict(top_p=0),
+                                 dict(min_p=2), dict(top_k=-1), dict(repetition_penalty=0),
+                                 dict(top_logprobs=50)])
+def test_bad_parameters_are_refused(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(tok, device=False)
     tok.add_argument("--special", action="store_true", help="parse control-token strings")
     tok.add_argument("--jsonl", action="store_true", help="each stdin line is a JSON string")
+    bench = sub.add_parser("bench", help="measure decode, prefill, cache reuse and latency")
+    add_model_options(bench)
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -176,7 +179,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize}
+def cmd_bench(args: argparse.Namespace) -> int:
+    from app.bench import print_table, run_bench
+    from app.engine.device import load_on
+
+    loaded = load_on(resolve_model_path(args.model, args.data_dir), args.device, args.dtype)
+    if not args.json:
+        print(f"Benchmarking {loaded.name} on {loaded.device} ...", file=sys.stderr)
+    results = run_bench(loaded)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print_table(results)
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize, "bench": cmd_bench}
 
 
 def run_command(args: argparse.Namespace) -> int:

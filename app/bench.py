@@ -1,0 +1,183 @@
+"""`python -m app bench`: the engine's speed figures on one model, measured in one run.
+
+Figures (all on the same loaded model and engine):
+  decode_tokens_per_s       one stream, greedy, after a short prompt
+  prefill_tokens_per_s      a 1,024-token prompt, cold
+  follow_up_ttft_cold_s     time to first token of a follow-up turn in a ~2,000-token
+  follow_up_ttft_warm_s     conversation, with the cache cleared / with the earlier turns cached
+  itl_solo_p50_ms/p95_ms    one stream's inter-token latency, alone
+  itl_during_prefill_*      the same stream while another request prefills a 3,000-token document
+  aggregate_tokens_per_s    4 streams at once
+  peak_memory_mb            the process's peak resident memory (and the GPU's, on CUDA)
+
+Speed targets are checked here, never by timed assertions in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.engine import Engine, EngineConfig
+from app.engine.events import Finished, PrefillProgress, Token
+from app.engine.sampling import SamplingParams
+from app.models.chat_template import Message, encode_chat
+from app.models.loader import LoadedModel
+
+_SENTENCES = [
+    "The committee reviewed the quarterly figures and asked for a clearer breakdown of costs.",
+    "Rain moved in from the west during the afternoon, and the harbour emptied quickly.",
+    "She rewrote the parser so that every error carried the line and column where it began.",
+    "A good index turns a full scan into a handful of page reads, which matters at scale.",
+    "The museum's new wing holds maps from the sixteenth century, restored over ten years.",
+    "Measure first, then optimise the part that the measurements say is slow.",
+    "The bakery on the corner opens at six and sells out of rye bread by nine.",
+    "Each chapter ends with exercises that build on the examples worked in the text.",
+]
+
+
+def filler_ids(loaded: LoadedModel, n_tokens: int, salt: int = 0) -> list[int]:
+    """About `n_tokens` of ordinary prose (no BOS), varied by `salt` so prompts differ."""
+    ids: list[int] = []
+    i = salt
+    while len(ids) < n_tokens:
+        sentence = _SENTENCES[i % len(_SENTENCES)]
+        ids += loaded.tokenizer.encode(f"{i}. {sentence} ")
+        i += 1
+    return ids[:n_tokens]
+
+
+@dataclass
+class _Trace:
+    tokens: list[float]
+    first_token_s: float = 0.0
+    finished: Finished | None = None
+
+
+def _drive(engine: Engine, jobs: dict[str, tuple[list[int], SamplingParams]],
+           submit_later: dict[str, tuple[int, list[int], SamplingParams]] | None = None
+           ) -> dict[str, _Trace]:
+    """Submit `jobs`, step until all end; `submit_later[id] = (after_n_tokens_of_first_job,
+    ids, params)` injects a request mid-stream. Token times are taken as steps return."""
+    traces = {rid: _Trace([]) for rid in jobs}
+    start = {}
+    for rid, (ids, params) in jobs.items():
+        engine.submit(ids, params, request_id=rid)
+        start[rid] = time.perf_counter()
+    pending = dict(submit_later or {})
+    first_job = next(iter(jobs))
+    while engine.has_work or pending:
+        for event in engine.step():
+            trace = traces[event.request_id]
+            now = time.perf_counter()
+            if isinstance(event, Token):
+                if not trace.tokens:
+                    trace.first_token_s = now - start[event.request_id]
+                trace.tokens.append(now)
+            elif isinstance(event, Finished):
+                trace.finished = event
+        for rid, (after, ids, params) in list(pending.items()):
+            if len(traces[first_job].tokens) >= after:
+                traces[rid] = _Trace([])
+                engine.submit(ids, params, request_id=rid)
+                start[rid] = time.perf_counter()
+                del pending[rid]
+    return traces
+
+
+def _gaps_ms(times: list[float]) -> list[float]:
+    return [(b - a) * 1000 for a, b in zip(times, times[1:])]
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def run_bench(loaded: LoadedModel, decode_tokens: int = 128) -> dict:
+    engine = Engine(loaded, EngineConfig(kv_tokens=16_384))
+    greedy = dict(temperature=0, ignore_eos=True)
+    results: dict = {"model": loaded.name, "device": str(loaded.device),
+                     "dtype": str(loaded.dtype).removeprefix("torch."),
+                     "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
+
+    # 1. decode, one stream
+    ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 32)
+    trace = _drive(engine, {"decode": (ids, SamplingParams(max_tokens=decode_tokens, **greedy))})
+    results["decode_tokens_per_s"] = round(trace["decode"].finished.timings.decode_tokens_per_s, 1)
+    solo = _gaps_ms(trace["decode"].tokens)
+
+    # 2. prefill 1,024 tokens
+    engine.clear_cache()
+    ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 1023, salt=1)
+    trace = _drive(engine, {"prefill": (ids, SamplingParams(max_tokens=1, **greedy))})
+    prefill_s = trace["prefill"].finished.timings.prefill_s
+    results["prefill_1024_s"] = round(prefill_s, 2)
+    results["prefill_tokens_per_s"] = round(1024 / prefill_s, 1)
+
+    # 3. follow-up turn in a ~2,000-token conversation: cold, then warm
+    history = [Message("user", loaded.tokenizer.decode(filler_ids(loaded, 1000, salt=2))),
+               Message("assistant", loaded.tokenizer.decode(filler_ids(loaded, 900, salt=3)))]
+    earlier = encode_chat(loaded.tokenizer, loaded.template, history, add_generation_prompt=False)
+    follow = encode_chat(loaded.tokenizer, loaded.template,
+                         history + [Message("user", "Summarise that in one sentence.")])
+    assert follow[:len(earlier)] == earlier
+    engine.clear_cache()
+    cold = _drive(engine, {"cold": (follow, SamplingParams(max_tokens=1, **greedy))})["cold"]
+    engine.clear_cache()
+    # The earlier turns as the previous request left them in the cache.
+    _drive(engine, {"earlier": (earlier, SamplingParams(max_tokens=1, **greedy))})
+    warm = _drive(engine, {"warm": (follow, SamplingParams(max_tokens=1, **greedy))})["warm"]
+    results["follow_up_prompt_tokens"] = len(follow)
+    results["follow_up_ttft_cold_s"] = round(cold.first_token_s, 3)
+    results["follow_up_ttft_warm_s"] = round(warm.first_token_s, 3)
+    results["follow_up_cached_tokens"] = warm.finished.usage.cached_tokens
+    results["follow_up_warm_over_cold"] = round(warm.first_token_s / cold.first_token_s, 3)
+
+    # 4. inter-token latency alone and during a 3,000-token prefill
+    engine.clear_cache()
+    stream = [loaded.tokenizer.bos_id] + filler_ids(loaded, 20, salt=4)
+    document = [loaded.tokenizer.bos_id] + filler_ids(loaded, 2999, salt=5)
+    traces = _drive(engine, {"stream": (stream, SamplingParams(max_tokens=400, **greedy))},
+                    {"document": (8, document, SamplingParams(max_tokens=1, **greedy))})
+    doc_started = traces["document"].tokens and traces["document"].tokens[0]
+    stream_times = traces["stream"].tokens
+    during = [t for t in stream_times if t <= doc_started] if doc_started else stream_times
+    gaps_during = _gaps_ms(during[8:])  # from the document's submission to its first token
+    results["itl_solo_p50_ms"] = round(statistics.median(solo), 1)
+    results["itl_solo_p95_ms"] = round(_pct(solo, 0.95), 1)
+    results["itl_during_prefill_p50_ms"] = round(statistics.median(gaps_during), 1) if gaps_during else None
+    results["itl_during_prefill_p95_ms"] = round(_pct(gaps_during, 0.95), 1)
+    results["itl_p95_ratio"] = round(results["itl_during_prefill_p95_ms"] / results["itl_solo_p95_ms"], 2)
+    results["document_prefill_while_streaming_s"] = round(
+        traces["document"].finished.timings.time_to_first_token_s, 2)
+
+    # 5. four streams at once
+    engine.clear_cache()
+    jobs = {f"s{i}": ([loaded.tokenizer.bos_id] + filler_ids(loaded, 24, salt=10 + i),
+                      SamplingParams(max_tokens=64, **greedy)) for i in range(4)}
+    started = time.perf_counter()
+    traces = _drive(engine, jobs)
+    total = sum(t.finished.usage.completion_tokens for t in traces.values())
+    results["aggregate_4_streams_tokens_per_s"] = round(total / (time.perf_counter() - started), 1)
+
+    # 6. memory
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    results["peak_rss_mb"] = round(peak_kb / (1024 if sys.platform != "darwin" else 1024 * 1024), 0)
+    if loaded.device.type == "cuda":
+        results["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 0)
+    return results
+
+
+def print_table(results: dict) -> None:
+    width = max(map(len, results))
+    for key, value in results.items():
+        print(f"{key:<{width}}  {value}")

@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure decode, prefill, cache reuse and latency")
     add_model_options(bench)
     bench.add_argument("--json", action="store_true", help="print one JSON object")
+
+    srv = sub.add_parser("serve", help="serve an OpenAI-compatible API on this machine")
+    add_model_options(srv)
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (the default takes local connections only)")
+    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     return parser
 
 
@@ -194,7 +200,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize, "bench": cmd_bench}
+def cmd_serve(args: argparse.Namespace) -> int:
+    from app.server.serve import ServeError, serve
+
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be between 0 and 65535, got {args.port}")
+    try:
+        serve(args.host, args.port, args.model, args.device, args.dtype, args.data_dir)
+    except ServeError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize, "bench": cmd_bench,
+            "serve": cmd_serve}
 
 
 def run_command(args: argparse.Namespace) -> int:

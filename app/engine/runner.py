@@ -32,6 +32,10 @@ class EngineRunner:
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Listener,
                request_id: str | None = None) -> str:
         with self._lock:
+            if self._stopping:  # nothing would ever answer: say so at once
+                request_id = request_id or "closed"
+                on_event(Failed(request_id, "The engine has been shut down."))
+                return request_id
             request_id = self.engine.submit(prompt_ids, params, request_id)
             self._listeners[request_id] = on_event
         self._wake.set()
@@ -63,11 +67,10 @@ class EngineRunner:
     def close(self, timeout: float = 10.0) -> None:
         """Abort everything in flight and stop the thread."""
         with self._lock:
+            self._stopping = True
             for request_id in list(self._listeners):
                 self.engine.abort(request_id)
-        self._wake.set()
-        # Let the aborts be processed so listeners hear their Finished events.
-        self._stopping = True
+        # The loop processes the aborts (listeners hear their Finished events), then ends.
         self._wake.set()
         self._thread.join(timeout)
 

@@ -18,9 +18,9 @@ from app.models.dequant import dequantize
 from app.models.errors import ModelError
 from app.models.gemma3 import Gemma3, Gemma3Config, weights_transposed
 from app.models.gguf_file import GGUFFile
+from app.models.model_facts import SUPPORTED_ARCHITECTURES
 from app.models.tokenizer import Tokenizer
 
-SUPPORTED_ARCHITECTURES = ("gemma3",)
 
 # GGUF per-layer tensor names -> the attribute a Gemma3Layer reads. Linear weights are
 # transposed to [in, out] at load time; norms are vectors.
@@ -124,24 +124,6 @@ def _load_gemma3(gguf: GGUFFile, cfg: Gemma3Config, device: torch.device, dtype:
     output_norm = _tensor(gguf, "output_norm.weight", device)
     _check_shape("output_norm.weight", output_norm, (d,))
     return Gemma3(cfg, head, output_norm, layers, transposed, compute_dtype).eval()
-
-
-def read_model_facts(path: str | Path) -> dict:
-    """Name, architecture, context length, quantization and size from the header alone."""
-    with GGUFFile(path) as gguf:
-        types: dict[str, int] = {}
-        for info in gguf.tensors.values():
-            types[info.ggml_type.name] = types.get(info.ggml_type.name, 0) + info.nbytes
-        arch = gguf.architecture
-        return {
-            "name": str(gguf.get("general.name", Path(path).stem)),
-            "architecture": arch,
-            "supported": arch in SUPPORTED_ARCHITECTURES,
-            "context_length": int(gguf.get(f"{arch}.context_length", 0) or 0),
-            "quantization": max(types, key=types.get) if types else "unknown",
-            "file_bytes": Path(path).stat().st_size,
-            "parameters": sum(i.n_elements for i in gguf.tensors.values()),
-        }
 
 
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,

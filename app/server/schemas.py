@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI-compatible API, and the one place they become engine input.
+"""The OpenAI wire format: request bodies (and the one place they become engine input),
+response objects, and validation errors in OpenAI's shape.
 
 Field ranges follow OpenAI's API reference, so a bad value is a 400 before anything runs.
 Fields we have no use for (`user`, `metadata`, `tools`, ...) are accepted and ignored, as
@@ -9,14 +10,21 @@ top_p 1, no top-k), not the app's, so a client gets what it expects from the API
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.engine.events import Finished, Token, Usage
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message
 
 DEFAULT_MAX_TOKENS = 4096  # reply budget when the request names none (capped by the context)
+
+
+# ---- requests ----------------------------------------------------------------------------
 
 
 class ApiError(Exception):
@@ -189,3 +197,171 @@ def reply_budget(requested: int | None, prompt_tokens: int, context: int, prompt
 
 def _given(value, default):
     return default if value is None else value
+
+
+# ---- responses ---------------------------------------------------------------------------
+
+
+class ResponseFormat:
+    """How one endpoint shapes its objects (OpenAI's `chat.completion`, `text_completion`
+    and their stream chunks); one instance per request, for its id and offsets."""
+
+    prefix = ""
+    object = ""
+    chunk_object = ""
+
+    def __init__(self, model_id: str, tokenizer, logprobs: int | None, include_usage: bool):
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model_id = model_id
+        self.tokenizer = tokenizer
+        self.logprobs = logprobs  # alternatives per token; None = logprobs off
+        self.include_usage = include_usage
+
+    # Subclasses: the choice objects.
+    def opening(self) -> list[dict]:
+        return []
+
+    def token_chunk(self, tokens: list[Token]) -> dict:
+        raise NotImplementedError
+
+    def end_chunk(self, finish_reason: str) -> dict:
+        raise NotImplementedError
+
+    def choice(self, tokens: list[Token], finished: Finished) -> dict:
+        raise NotImplementedError
+
+    # Shared envelopes.
+    def chunk(self, choice: dict) -> dict:
+        body = self._envelope(self.chunk_object, [choice])
+        if self.include_usage:  # OpenAI: every chunk has the key, null until the last
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, usage: Usage) -> dict:
+        return {**self._envelope(self.chunk_object, []), "usage": _usage(usage)}
+
+    def response(self, tokens: list[Token], finished: Finished) -> dict:
+        body = self._envelope(self.object, [self.choice(tokens, finished)])
+        return {**body, "usage": _usage(finished.usage)}
+
+    def _envelope(self, object_: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": object_, "created": self.created,
+                "model": self.model_id, "system_fingerprint": None, "choices": choices}
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special=False)
+
+
+class ChatFormat(ResponseFormat):
+    prefix = "chatcmpl"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def opening(self) -> list[dict]:
+        return [self.chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None})]
+
+    def token_chunk(self, tokens: list[Token]) -> dict:
+        text = "".join(t.text for t in tokens)
+        return self.chunk({"index": 0, "delta": {"content": text},
+                           "logprobs": self._logprobs(tokens), "finish_reason": None})
+
+    def end_chunk(self, finish_reason: str) -> dict:
+        return self.chunk({"index": 0, "delta": {}, "logprobs": None,
+                           "finish_reason": finish_reason})
+
+    def choice(self, tokens: list[Token], finished: Finished) -> dict:
+        return {"index": 0,
+                "message": {"role": "assistant", "content": finished.text, "refusal": None},
+                "logprobs": self._logprobs(tokens), "finish_reason": finished.finish_reason}
+
+    def _logprobs(self, tokens: list[Token]) -> dict | None:
+        if self.logprobs is None:
+            return None
+        return {"content": [self._entry(t) for t in tokens], "refusal": None}
+
+    def _entry(self, token: Token) -> dict:
+        top = [self._alternative(i, lp) for i, lp in token.top_logprobs[: self.logprobs]]
+        return {**self._alternative(token.token_id, token.logprob), "top_logprobs": top}
+
+    def _alternative(self, token_id: int, logprob: float) -> dict:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+class CompletionFormat(ResponseFormat):
+    prefix = "cmpl"
+    object = "text_completion"
+    chunk_object = "text_completion"  # OpenAI streams legacy completions as the same object
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._offset = 0  # characters of reply text before the next token (text_offset)
+
+    def token_chunk(self, tokens: list[Token]) -> dict:
+        return self.chunk({"index": 0, "text": "".join(t.text for t in tokens),
+                           "logprobs": self._logprobs(tokens), "finish_reason": None})
+
+    def end_chunk(self, finish_reason: str) -> dict:
+        return self.chunk({"index": 0, "text": "", "logprobs": None,
+                           "finish_reason": finish_reason})
+
+    def choice(self, tokens: list[Token], finished: Finished) -> dict:
+        return {"index": 0, "text": finished.text, "logprobs": self._logprobs(tokens),
+                "finish_reason": finished.finish_reason}
+
+    def _logprobs(self, tokens: list[Token]) -> dict | None:
+        if self.logprobs is None:
+            return None
+        offsets = []
+        for token in tokens:
+            offsets.append(self._offset)
+            self._offset += len(token.text)
+        return {
+            "tokens": [self.token_text(t.token_id) for t in tokens],
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{self.token_text(i): lp for i, lp in t.top_logprobs[: self.logprobs]}
+                             for t in tokens],
+            "text_offset": offsets,
+        }
+
+
+def _usage(usage: Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+# ---- validation errors -------------------------------------------------------------------
+
+
+def validation_error(errors: Sequence[dict]) -> ApiError:
+    """Pydantic's most specific complaint as one OpenAI-style 400. A value that fits no
+    member of a union gets one complaint per member; the deepest one says the most."""
+    if not errors:
+        return ApiError(400, "The request body is invalid.")
+    error = max(errors, key=lambda e: len(e.get("loc", ())))
+    if error.get("type") == "json_invalid":
+        return ApiError(400, "The request body is not valid JSON.")
+    param = _param_path(error.get("loc", ()))
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not param:
+        return ApiError(400, f"The request body must be a JSON object: {message}")
+    return ApiError(400, f"Invalid value for '{param}': {message}", param=param)
+
+
+def _param_path(loc: Sequence) -> str:
+    """('body', 'messages', 0, 'list[ContentPart]', 0, 'type') -> 'messages[0].content[0].type':
+    the body prefix and pydantic's union-member tags dropped."""
+    path = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif "[" not in part and part not in _TYPE_TAGS:
+            path += f".{part}" if path else part
+    return path
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none"})

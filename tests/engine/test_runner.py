@@ -78,3 +78,11 @@ def test_close_aborts_what_is_running(tiny):
                   lambda e: (last.append(e), isinstance(e, Finished) and done.set()))
     runner.close()
     assert done.wait(10) and last[-1].finish_reason == "abort"
+
+
+def test_submit_after_close_fails_at_once(tiny):
+    runner = EngineRunner(Engine(tiny, EngineConfig(page_size=4, kv_tokens=2048)))
+    runner.close()
+    seen = []
+    runner.submit([2, 3], GREEDY, seen.append)
+    assert isinstance(seen[0], Failed) and "shut down" in seen[0].message

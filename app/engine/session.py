@@ -1,0 +1,106 @@
+"""A loaded model with its engine running: what the GUI's worker and the API server hold.
+
+`ModelSession` owns the one `LoadedModel`, `Engine` and `EngineRunner`; switching models
+stops the old runner (aborting what it was doing), drops the old weights, then loads the new
+ones. Its methods take and return plain data (ids, strings, dataclasses), so a Qt worker can
+call them without touching torch.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.device import dtype_name, load_on
+from app.engine.engine import Engine, EngineConfig
+from app.engine.runner import EngineRunner, Listener
+from app.engine.sampling import SamplingParams
+from app.models.chat_template import Message, encode_chat
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    architecture: str
+    device: str
+    dtype: str
+    context_length: int
+    load_seconds: float
+
+
+class NoModelError(RuntimeError):
+    """Asked to generate with no model loaded."""
+
+
+class ModelSession:
+    def __init__(self, engine_config: EngineConfig | None = None):
+        self.engine_config = engine_config or EngineConfig()
+        self._loaded = None
+        self._runner: EngineRunner | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def info(self) -> ModelInfo | None:
+        loaded = self._loaded
+        if loaded is None:
+            return None
+        return ModelInfo(str(loaded.path), loaded.name, loaded.architecture, str(loaded.device),
+                         dtype_name(loaded.dtype), loaded.context_length, loaded.load_seconds)
+
+    def load(self, path: str | Path, device: str = "auto", dtype: str = "auto",
+             engine_config: EngineConfig | None = None) -> ModelInfo:
+        """Blocking: run it off the GUI thread. Raises ModelError / DeviceError clearly."""
+        with self._lock:
+            self._unload_locked()
+            loaded = load_on(path, device, dtype)
+            self.engine_config = engine_config or self.engine_config
+            self._loaded = loaded
+            self._runner = EngineRunner(Engine(loaded, self.engine_config))
+        return self.info
+
+    def unload(self) -> None:
+        with self._lock:
+            self._unload_locked()
+
+    def _unload_locked(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        if self._loaded is not None:
+            self._loaded.unload()
+            self._loaded = None
+            gc.collect()
+
+    def _require(self):
+        if self._loaded is None or self._runner is None:
+            raise NoModelError("No model is loaded. Choose one in the model picker.")
+        return self._loaded, self._runner
+
+    def count_tokens(self, text: str) -> int:
+        loaded, _ = self._require()
+        return len(loaded.tokenizer.encode(text))
+
+    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+        loaded, _ = self._require()
+        return encode_chat(loaded.tokenizer, loaded.template, messages)
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Listener,
+               request_id: str | None = None) -> str:
+        _, runner = self._require()
+        return runner.submit(prompt_ids, params, on_event, request_id)
+
+    def abort(self, request_id: str) -> None:
+        if self._runner is not None:
+            self._runner.abort(request_id)
+
+    def clear_cache(self) -> None:
+        if self._runner is not None:
+            self._runner.clear_cache()
+
+    def close(self) -> None:
+        self.unload()
+

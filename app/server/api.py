@@ -1,0 +1,293 @@
+"""The OpenAI-compatible HTTP API over one loaded model and its `EngineRunner`.
+
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, streaming (SSE)
+or not, shaped like OpenAI's objects so the official clients work unchanged. Every request
+is one engine request; several in flight share the engine, which batches them.
+
+Threads: the engine's events arrive on the engine thread and are handed to the event loop
+with `call_soon_threadsafe`; nothing here touches engine state. A generation is aborted
+whenever its response ends early -- the client went away, or the server is stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.engine.events import Event, Failed, Finished, Token
+from app.engine.runner import EngineRunner
+from app.engine.sampling import SamplingParams
+from app.models.chat_template import encode_chat
+from app.models.loader import LoadedModel
+from app.server.schemas import (ApiError, ChatCompletionRequest, ChatFormat,
+                                CompletionFormat, CompletionRequest, ResponseFormat,
+                                SamplingFields, reply_budget, validation_error)
+
+DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is there
+
+
+def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str) -> FastAPI:
+    """The API app. The caller owns `runner`; at shutdown call `abort_open_requests(app)`
+    before waiting for connections to close, so open streams end at once."""
+    app = FastAPI(title="Ferrox Chat API", docs_url=None, redoc_url=None, openapi_url=None)
+    gateway = _Gateway(runner)
+    app.state.gateway = gateway
+    _install_error_handlers(app)
+    created = int(time.time())
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": "ferrox-chat"}
+    tokenizer = loaded.tokenizer
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(name: str) -> dict:
+        if name != model_id:
+            raise ApiError(404, f"The model {name!r} does not exist; this server runs "
+                                f"{model_id!r}.", param="model", code="model_not_found")
+        return card
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        try:
+            prompt_ids = encode_chat(tokenizer, loaded.template,
+                                     [m.to_message() for m in body.messages])
+        except ValueError as exc:  # e.g. a model's template refusing the order of roles
+            raise ApiError(400, f"The conversation cannot be formatted for this model: {exc}",
+                           param="messages") from None
+        answer = ChatFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
+        return await _respond(gateway, loaded, body, prompt_ids, "messages", answer, request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        prompt_ids = _prompt_ids(loaded, body.prompt)
+        answer = CompletionFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
+        return await _respond(gateway, loaded, body, prompt_ids, "prompt", answer, request)
+
+    return app
+
+
+def abort_open_requests(app: FastAPI) -> None:
+    """Refuse new requests and abort every generation in flight (the server is stopping)."""
+    app.state.gateway.close()
+
+
+# ---- one request, start to end ---------------------------------------------------------
+
+
+async def _respond(gateway: "_Gateway", loaded: LoadedModel, body: SamplingFields,
+                   prompt_ids: list[int], prompt_param: str, answer: ResponseFormat,
+                   request: Request):
+    max_tokens = reply_budget(body.requested_max_tokens, len(prompt_ids),
+                              loaded.context_length, prompt_param)
+    # The engine reports the chosen token's logprob only alongside alternatives.
+    engine_top = 0 if answer.logprobs is None else max(1, answer.logprobs)
+    try:
+        params = body.sampling(max_tokens, engine_top)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param=str(exc).split()[0]) from None
+    generation = await gateway.start(prompt_ids, params)
+    if body.stream:
+        return _EventStream(_stream(generation, answer), on_close=generation.close)
+    try:
+        tokens, finished = await _collect(generation, request)
+    finally:
+        generation.close()
+    return JSONResponse(answer.response(tokens, finished))
+
+
+def _prompt_ids(loaded: LoadedModel, prompt: str | list[int]) -> list[int]:
+    tokenizer = loaded.tokenizer
+    if isinstance(prompt, str):
+        # Control-token strings in the text become their tokens, as in other local servers,
+        # so a hand-formatted chat prompt works.
+        bos = [tokenizer.bos_id] if tokenizer.add_bos else []
+        return bos + tokenizer.encode(prompt, special=True)
+    vocab = tokenizer.vocab_size
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"The prompt holds token id {bad}, outside the vocabulary "
+                            f"(0..{vocab - 1}).", param="prompt")
+    return list(prompt)
+
+
+async def _stream(generation: "_Generation", answer: ResponseFormat) -> AsyncIterator[str]:
+    """Server-sent events: the answer's chunks, then `[DONE]`; an error event if the engine
+    fails or the server stops mid-reply."""
+    for chunk in answer.opening():
+        yield _sse(chunk)
+    while True:
+        event = await generation.next()
+        if isinstance(event, Token):
+            if event.text or answer.logprobs is not None:
+                yield _sse(answer.token_chunk([event]))
+        elif isinstance(event, Finished):
+            if event.finish_reason == "abort":
+                yield _sse(_stopped_by_shutdown().body())
+                return
+            yield _sse(answer.end_chunk(event.finish_reason))
+            if answer.include_usage:
+                yield _sse(answer.usage_chunk(event.usage))
+            yield "data: [DONE]\n\n"
+            return
+        elif isinstance(event, Failed):
+            yield _sse(_engine_failure(event).body())
+            return
+
+
+async def _collect(generation: "_Generation", request: Request) -> tuple[list[Token], Finished]:
+    """A whole reply. Every DISCONNECT_POLL_S, tokens flowing or not, it checks that the
+    client is still there: nobody would read the answer, so the caller aborts it."""
+    tokens: list[Token] = []
+    check_at = time.monotonic() + DISCONNECT_POLL_S
+    while True:
+        try:
+            event = await asyncio.wait_for(generation.next(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            event = None
+        if time.monotonic() >= check_at:
+            if await request.is_disconnected():
+                raise ApiError(499, "The client closed the connection.")
+            check_at = time.monotonic() + DISCONNECT_POLL_S
+        if isinstance(event, Token):
+            tokens.append(event)
+        elif isinstance(event, Finished):
+            if event.finish_reason == "abort":
+                raise _stopped_by_shutdown()
+            return tokens, event
+        elif isinstance(event, Failed):
+            raise _engine_failure(event)
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _engine_failure(event: Failed) -> ApiError:
+    return ApiError(500, event.message, code="engine_error", kind="server_error")
+
+
+def _stopped_by_shutdown() -> ApiError:
+    return ApiError(503, "The server is shutting down; the reply was stopped.",
+                    code="server_shutting_down", kind="server_error")
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response that closes its generation however the response ends: finished,
+    client gone (Starlette cancels the stream on disconnect), or server stopping."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(chunks, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+# ---- the bridge from the engine thread ------------------------------------------------
+
+
+class _Generation:
+    """One request in the engine. Its events cross from the engine thread into the event
+    loop through `call_soon_threadsafe`; `next` awaits them in order."""
+
+    def __init__(self, runner: EngineRunner, prompt_ids: Sequence[int], params: SamplingParams,
+                 on_close: Callable[["_Generation"], None]):
+        self._runner = runner
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._on_close = on_close
+        self.finished = False  # Finished or Failed has been read
+        self.id = runner.submit(prompt_ids, params, self._hand_over)
+
+    def _hand_over(self, event: Event) -> None:  # on the engine thread
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+    async def next(self) -> Event:
+        event = await self._events.get()
+        if isinstance(event, (Finished, Failed)):
+            self.finished = True
+        return event
+
+    def abort(self) -> None:
+        if not self.finished:
+            self._runner.abort(self.id)
+
+    def close(self) -> None:
+        """The response is over: abort if the engine is still at it, and forget it."""
+        self.abort()
+        self._on_close(self)
+
+
+class _Gateway:
+    """The server's door to the runner: starts generations, keeps the open ones so a
+    shutdown can abort them, and refuses new work once closing. Event-loop thread only."""
+
+    def __init__(self, runner: EngineRunner):
+        self.runner = runner
+        self._open: set[_Generation] = set()
+        self._closing = False
+
+    async def start(self, prompt_ids: Sequence[int], params: SamplingParams) -> _Generation:
+        """Submit and wait for the engine to accept it: a refusal (too long for the KV
+        memory, a bad token id) is the client's error, a 400, before any response starts."""
+        if self._closing:
+            raise ApiError(503, "The server is shutting down.", code="server_shutting_down",
+                           kind="server_error")
+        generation = _Generation(self.runner, prompt_ids, params, self._open.discard)
+        self._open.add(generation)
+        try:
+            first = await generation.next()  # Queued, or Failed when refused
+        except BaseException:
+            generation.close()
+            raise
+        if isinstance(first, Failed):
+            generation.close()
+            raise ApiError(400, first.message, code="request_refused")
+        return generation
+
+    def close(self) -> None:
+        self._closing = True
+        for generation in list(self._open):
+            generation.abort()
+
+
+# ---- errors in OpenAI's shape ----------------------------------------------------------
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = validation_error(exc.errors())
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        error = ApiError(exc.status_code, str(exc.detail), kind=kind)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        error = ApiError(500, f"Internal server error: {exc}", kind="server_error")
+        return JSONResponse(error.body(), status_code=500)

@@ -1,0 +1,78 @@
+"""Run the API server: load a model, start its engine, serve HTTP until stopped.
+
+Shutdown order (Ctrl+C, SIGTERM, or `should_exit`): stop accepting, abort every generation
+in flight so open streams end at once, wait for connections to close, then stop the engine
+thread -- all before uvicorn hands a caught signal back to the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.engine.runner import EngineRunner
+from app.server.api import abort_open_requests
+
+GRACEFUL_SHUTDOWN_S = 5.0
+
+
+class ServeError(Exception):
+    """The server cannot start; the message says why."""
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn's server, stopping the engine's work on shutdown (see the module docstring)."""
+
+    def __init__(self, app: FastAPI, runner: EngineRunner, *, log_level: str = "info"):
+        super().__init__(uvicorn.Config(app, log_level=log_level, lifespan="off",
+                                        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        self._app = app
+        self._runner = runner
+
+    async def shutdown(self, sockets=None) -> None:
+        abort_open_requests(self._app)
+        await super().shutdown(sockets)
+        await asyncio.to_thread(self._runner.close)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound before the (slow) model load so a busy port fails fast."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ServeError(f"Cannot listen on {host}:{port}: {reason}.") from None
+
+
+def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "auto",
+          data_dir: str | None = None) -> None:
+    """Serve `model` ('default' or a .gguf path) on http://host:port/v1 until stopped."""
+    from app.cli import resolve_model_path
+    from app.engine.device import load_on
+    from app.engine.engine import Engine
+    from app.server.api import create_app
+
+    sock = listen(host, port)
+    try:
+        loaded = load_on(resolve_model_path(model, data_dir), device, dtype)
+        runner = EngineRunner(Engine(loaded))
+    except BaseException:
+        sock.close()
+        raise
+    model_id = loaded.path.stem
+    server = ApiServer(create_app(runner, loaded, model_id), runner)
+    bound_port = sock.getsockname()[1]
+    print(f"Serving {model_id} on {loaded.device} at http://{host}:{bound_port}/v1 "
+          "(Ctrl+C to stop)", flush=True)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl+C: uvicorn shut down cleanly, then re-raised it
+        pass
+    finally:
+        runner.close()
+        sock.close()

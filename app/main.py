@@ -1,0 +1,87 @@
+"""The GUI's entry points: `run_gui` for `python -m app` / `ferrox-chat`, and
+`create_main_window` for tests (builds everything, shows nothing, runs no event loop)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.paths import data_dir
+
+
+def gui_parser() -> argparse.ArgumentParser:
+    from app.cli import _Parser
+    from app.engine.device import DEVICE_CHOICES
+
+    parser = _Parser(prog="ferrox-chat", description="Ferrox Chat: chat with local language models.")
+    parser.add_argument("--data-dir", default=None, help="where chats and models live "
+                        "(default: the user data folder, or FERROX_DATA_DIR)")
+    parser.add_argument("--model", default=None, help="a .gguf file to start with, or 'default'")
+    parser.add_argument("--device", default=None, choices=DEVICE_CHOICES)
+    parser.add_argument("--self-test", action="store_true",
+                        help="send one message through the GUI, print the reply, exit")
+    return parser
+
+
+def _application():
+    from app.ui.qt import QtWidgets
+    from app.ui.resources import app_icon
+
+    app = QtWidgets.QApplication.instance()
+    if app is None:
+        app = QtWidgets.QApplication(sys.argv[:1])
+        app.setApplicationName("Ferrox Chat")
+        app.setOrganizationName("Ferrox")
+        app.setWindowIcon(app_icon())
+    return app
+
+
+def create_main_window(argv: list[str] | None = None):
+    """Build the main window, its store, worker and controller from GUI options.
+
+    Creates the QApplication if there is none; does not show the window or start the event
+    loop. The controller is reachable as `window.controller`."""
+    from app.storage import ChatStore
+    from app.ui.bridge import EngineBridge
+    from app.ui.controller import ChatController
+    from app.ui.main_window import MainWindow
+
+    args = gui_parser().parse_args(argv or [])
+    _application()
+    folder = data_dir(args.data_dir)
+    store = ChatStore(folder)
+    window = MainWindow()
+    bridge = EngineBridge()
+    window.controller = ChatController(window, store, bridge, folder, model_override=args.model,
+                                       device_override=args.device)
+    window.controller.start()
+    return window
+
+
+def run_gui(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = gui_parser().parse_args(argv)
+    app = _application()
+    from app.storage import StorageError
+    from app.ui.qt import QtCore, QtWidgets
+
+    folder = data_dir(args.data_dir)
+    lock = QtCore.QLockFile(str(Path(folder) / "ferrox.lock"))
+    if not lock.tryLock(100):
+        QtWidgets.QMessageBox.information(None, "Ferrox Chat",
+                                          f"Ferrox Chat is already running with the data folder {folder}.")
+        print(f"error: Ferrox Chat is already running with {folder}", file=sys.stderr)
+        return 1
+    try:
+        window = create_main_window(argv)
+    except StorageError as exc:
+        QtWidgets.QMessageBox.critical(None, "Ferrox Chat cannot open its chats", str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.self_test:
+        from app.ui.self_test import run_self_test
+
+        return run_self_test(window, app)
+    window.show()
+    return app.exec()

@@ -1,0 +1,174 @@
+"""The GUI's one door to the engine: a QObject living in a worker QThread.
+
+Slow work (loading a model, tokenizing a long conversation or document, reading a model
+file's header) runs in the worker thread, reached through queued signals. Engine events
+arrive on the engine's own thread and leave as Qt signals, which Qt queues to the GUI
+thread. Every signal carries plain data: ints, strings, frozen dataclasses.
+
+Never touch widgets from here. `abort` is the one direct call the GUI makes: it only
+enqueues, so it is safe and instant from any thread, even while the worker is busy loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.documents import DocumentError, extract_document
+from app.engine.engine import EngineConfig
+from app.engine.sampling import SamplingParams
+from app.engine.session import ModelSession, NoModelError
+from app.models.chat_template import Message
+from app.models.embedded import ensure_embedded_model
+from app.models.errors import ModelError
+from app.models.model_facts import read_model_facts
+from app.ui.qt import QObject, QThread, Signal, Slot
+
+# Below this many free context tokens a reply is not worth starting.
+MIN_REPLY_TOKENS = 16
+
+
+class EngineBridge(QObject):
+    # -> worker (queued)
+    _load = Signal(str, str, str, int)
+    _submit = Signal(str, object, object)
+    _count = Signal(str, str)
+    _read_document = Signal(str, str)
+    _inspect = Signal(str)
+    _prepare_embedded = Signal(str)
+
+    # -> GUI
+    modelLoading = Signal(str)  # what is happening, e.g. "Loading Gemma 3 270m…"
+    modelLoaded = Signal(object)  # ModelInfo
+    modelFailed = Signal(str)
+    embeddedReady = Signal(str)  # path
+    embeddedProgress = Signal(int, int)  # bytes done, total
+    event = Signal(object)  # an engine Event
+    submitFailed = Signal(str, str)  # request id, message
+    contextOverflow = Signal(str, int, int)  # request id, prompt tokens, context length
+    tokensCounted = Signal(str, int)  # key, tokens
+    documentRead = Signal(str, object, int)  # key, Document, tokens (-1 without a model)
+    documentFailed = Signal(str, str)  # key, message
+    modelInspected = Signal(str, object)  # path, ModelFacts
+    modelRejected = Signal(str, str)  # path, message
+
+    def __init__(self):
+        super().__init__()
+        self.session = ModelSession()
+        self._thread = QThread()
+        self._thread.setObjectName("ferrox-worker")
+        self.moveToThread(self._thread)
+        self._load.connect(self._do_load)
+        self._submit.connect(self._do_submit)
+        self._count.connect(self._do_count)
+        self._read_document.connect(self._do_read_document)
+        self._inspect.connect(self._do_inspect)
+        self._prepare_embedded.connect(self._do_prepare_embedded)
+        self._thread.start()
+
+    # ---- called from the GUI thread ----------------------------------------------------
+
+    def prepare_embedded(self, models_dir: str) -> None:
+        self._prepare_embedded.emit(models_dir)
+
+    def load(self, path: str, device: str = "auto", dtype: str = "auto",
+             prefill_chunk: int = 512) -> None:
+        self._load.emit(path, device, dtype, prefill_chunk)
+
+    def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams) -> None:
+        self._submit.emit(request_id, tuple(messages), params)
+
+    def abort(self, request_id: str) -> None:
+        self.session.abort(request_id)
+
+    def count_tokens(self, key: str, text: str) -> None:
+        self._count.emit(key, text)
+
+    def read_document(self, key: str, path: str) -> None:
+        self._read_document.emit(key, path)
+
+    def inspect_model(self, path: str) -> None:
+        self._inspect.emit(path)
+
+    def shutdown(self) -> None:
+        """Stop generation, free the model and end the worker thread (blocks briefly)."""
+        self.session.close()
+        self._thread.quit()
+        self._thread.wait(10_000)
+
+    # ---- the worker thread -------------------------------------------------------------
+
+    @Slot(str)
+    def _do_prepare_embedded(self, models_dir: str) -> None:
+        try:
+            path = ensure_embedded_model(models_dir, self.embeddedProgress.emit)
+        except ModelError as exc:
+            self.modelFailed.emit(str(exc))
+            return
+        self.embeddedReady.emit(str(path))
+
+    @Slot(str, str, str, int)
+    def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int) -> None:
+        self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
+        try:
+            info = self.session.load(path, device, dtype, EngineConfig(prefill_chunk=prefill_chunk))
+        except (ModelError, ValueError, OSError, RuntimeError) as exc:
+            self.modelFailed.emit(str(exc))
+            return
+        self.modelLoaded.emit(info)
+
+    @Slot(str, object, object)
+    def _do_submit(self, request_id: str, messages: tuple, params: SamplingParams) -> None:
+        try:
+            prompt = self.session.chat_prompt(messages)
+        except (NoModelError, ValueError) as exc:
+            self.submitFailed.emit(request_id, str(exc))
+            return
+        context = self.session.info.context_length
+        room = context - len(prompt)
+        if room < MIN_REPLY_TOKENS:
+            self.contextOverflow.emit(request_id, len(prompt), context)
+            return
+        if params.max_tokens > room:  # the reply may use what the context has left
+            params = _with_max_tokens(params, room)
+        self.session.submit(prompt, params, self.event.emit, request_id)
+
+    @Slot(str, str)
+    def _do_count(self, key: str, text: str) -> None:
+        try:
+            self.tokensCounted.emit(key, self.session.count_tokens(text))
+        except NoModelError:
+            self.tokensCounted.emit(key, -1)
+
+    @Slot(str, str)
+    def _do_read_document(self, key: str, path: str) -> None:
+        from app.documents import format_for_prompt
+
+        try:
+            document = extract_document(path)
+        except DocumentError as exc:
+            self.documentFailed.emit(key, str(exc))
+            return
+        try:
+            tokens = self.session.count_tokens(format_for_prompt(document))
+        except NoModelError:
+            tokens = -1
+        self.documentRead.emit(key, document, tokens)
+
+    @Slot(str)
+    def _do_inspect(self, path: str) -> None:
+        try:
+            facts = read_model_facts(path)
+        except (ModelError, OSError) as exc:
+            self.modelRejected.emit(path, str(exc))
+            return
+        if not facts.supported:
+            self.modelRejected.emit(path, f"{facts.name} is a {facts.architecture!r} model; this "
+                                          "version of Ferrox Chat runs Gemma 3 models.")
+            return
+        self.modelInspected.emit(path, facts)
+
+
+def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, max_tokens=max_tokens)

@@ -1,0 +1,612 @@
+"""The chat transcript: one widget per message, fed plain `MessageItem`s.
+
+`update_message()` is called for every streamed batch of tokens. It only stores the latest
+item; a 40 ms timer applies whatever has gathered, so the view repaints on a timer, not per
+call. The view follows the stream while it is scrolled to the bottom, and leaves the position
+alone once the person has scrolled up.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from app.ui.qt import QtCore, QtGui, QtWidgets, Qt, QTimer, Signal
+from app.ui.resources import danger_color, tint
+from app.ui.view_models import (ERROR, INTERRUPTED, PREFILLING, QUEUED, STOPPED, STREAMING,
+                                MessageItem)
+
+FLUSH_INTERVAL_MS = 40
+BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
+MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
+
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+LIVE_STATUSES = (QUEUED, PREFILLING, STREAMING)
+_WAITING_TEXT = {QUEUED: "Waiting for the model…", PREFILLING: "Reading the prompt…",
+                 STREAMING: "Writing…"}
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The contents of the fenced code blocks in `markdown`, in order. A fence that is not
+    closed yet (a reply still streaming) runs to the end of the text."""
+    blocks: list[str] = []
+    fence, lines = None, []
+    for line in markdown.splitlines():
+        match = _FENCE.match(line)
+        if fence is None:
+            if match:
+                fence, lines = match.group(1), []
+        elif match and line.strip() == match.group(1) and match.group(1)[0] == fence[0] \
+                and len(match.group(1)) >= len(fence):
+            blocks.append("\n".join(lines))
+            fence = None
+        else:
+            lines.append(line)
+    if fence is not None:
+        blocks.append("\n".join(lines))
+    return blocks
+
+
+def _code_menu_label(code: str, index: int) -> str:
+    first = next((line.strip() for line in code.splitlines() if line.strip()), "(empty)")
+    if len(first) > 48:
+        first = first[:47] + "…"
+    return f"{index + 1}. {first}"
+
+
+class MarkdownBrowser(QtWidgets.QTextBrowser):
+    """Read-only Markdown, frameless and transparent, as tall as its document: the
+    transcript scrolls, never a single message."""
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None):
+        super().__init__(parent)
+        self._markdown: str | None = None
+        self._heights: dict[int, int] = {}  # width -> height, for the current text
+        self.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        policy = QtWidgets.QSizePolicy(QtWidgets.QSizePolicy.Policy.Expanding,
+                                       QtWidgets.QSizePolicy.Policy.Preferred)
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
+        self.viewport().setAutoFillBackground(False)
+        self.setWordWrapMode(QtGui.QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
+        self.document().setDocumentMargin(2)
+        # Links open in the system browser; following them here would replace the message.
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(self._open_link)
+
+    @staticmethod
+    def _open_link(url: QtCore.QUrl) -> None:
+        QtGui.QDesktopServices.openUrl(url)
+
+    def set_markdown(self, text: str) -> None:
+        if text == self._markdown:
+            return
+        self._markdown = text
+        self.setMarkdown(text)
+        self._style_code()
+        self._heights.clear()
+        self.updateGeometry()  # the layout asks heightForWidth() again
+
+    def markdown(self) -> str:
+        return self._markdown or ""
+
+    # The layout gives this widget the height its document needs at the width it gets, in
+    # the same pass (a height fitted afterwards in resizeEvent can leave QTextEdit's scroll
+    # range stale when the widget is first shown).
+    def hasHeightForWidth(self) -> bool:
+        return True
+
+    def heightForWidth(self, width: int) -> int:
+        height = self._heights.get(width)
+        if height is None:
+            height = self._heights[width] = self._measure(width)
+        return height
+
+    def _measure(self, width: int) -> int:
+        margins = self.contentsMargins()
+        text_width = max(1, width - margins.left() - margins.right())
+        document = self.document()
+        if document.textWidth() != text_width:
+            # Layouts ask about widths this widget may never get (e.g. with and without the
+            # transcript's scroll bar): measure a copy, leave the shown document alone.
+            shown, document = document, document.clone()
+            document.setDocumentMargin(shown.documentMargin())
+            document.setDefaultFont(shown.defaultFont())
+            document.setDefaultTextOption(shown.defaultTextOption())
+            document.setTextWidth(text_width)
+        return math.ceil(document.size().height()) + margins.top() + margins.bottom()
+
+    def sizeHint(self) -> QtCore.QSize:
+        width = max(self.width(), 200)
+        return QtCore.QSize(width, self.heightForWidth(width))
+
+    def minimumSizeHint(self) -> QtCore.QSize:
+        return QtCore.QSize(120, 0)
+
+    def _style_code(self) -> None:
+        """Qt renders fenced code as non-wrapping blocks in the fixed font's family. Make
+        the font truly monospace everywhere, let long lines wrap (nothing scrolls sideways
+        here) and set each run of code lines in a padded frame with a faint background."""
+        mono = QtGui.QFontDatabase.systemFont(QtGui.QFontDatabase.SystemFont.FixedFont)
+        code_format = QtGui.QTextCharFormat()
+        code_format.setFontFamilies([mono.family(), "monospace"])
+        code_format.setFontFixedPitch(True)
+        code_format.setFontStyleHint(QtGui.QFont.StyleHint.TypeWriter)
+        palette = self.palette()
+        frame_format = QtGui.QTextFrameFormat()
+        text_color = palette.color(QtGui.QPalette.ColorRole.Text)
+        frame_format.setBackground(tint(palette, text_color, 0.07))
+        frame_format.setPadding(6)
+        frame_format.setBorder(0)
+        frame_format.setMargin(0)
+        frame_format.setTopMargin(4)
+        frame_format.setBottomMargin(4)
+        cursor = QtGui.QTextCursor(self.document())
+        cursor.beginEditBlock()
+        for start, end in reversed(self._code_runs()):  # from the end: positions stay valid
+            cursor.setPosition(start)
+            cursor.setPosition(end, QtGui.QTextCursor.MoveMode.KeepAnchor)
+            block_format = cursor.blockFormat()
+            block_format.setNonBreakableLines(False)
+            cursor.mergeBlockFormat(block_format)
+            cursor.mergeCharFormat(code_format)
+            _fold_empty_neighbours(cursor, cursor.insertFrame(frame_format))
+        cursor.endEditBlock()
+
+    def _code_runs(self) -> list[tuple[int, int]]:
+        """[start, end) positions of each run of consecutive code blocks."""
+        runs: list[tuple[int, int]] = []
+        block = self.document().begin()
+        while block.isValid():
+            if block.blockFormat().nonBreakableLines():
+                start = block.position()
+                while block.next().isValid() and block.next().blockFormat().nonBreakableLines():
+                    block = block.next()
+                runs.append((start, block.position() + block.length() - 1))
+            block = block.next()
+        return runs
+
+    def changeEvent(self, event: QtCore.QEvent) -> None:
+        super().changeEvent(event)
+        restyle = (QtCore.QEvent.Type.PaletteChange, QtCore.QEvent.Type.FontChange)
+        if event.type() in restyle and self._markdown is not None:
+            # The code background comes from the palette; heights depend on the font.
+            text, self._markdown = self._markdown, None
+            self.set_markdown(text)
+
+    def wheelEvent(self, event: QtGui.QWheelEvent) -> None:
+        # Nothing scrolls in here: hand the wheel to the transcript around us (explicitly, as
+        # Qt only propagates wheel events that come from the system).
+        area = self.parentWidget()
+        while area is not None and not isinstance(area, QtWidgets.QAbstractScrollArea):
+            area = area.parentWidget()
+        if area is None:
+            event.ignore()
+        else:
+            QtWidgets.QApplication.sendEvent(area.viewport(), event)
+
+
+def _fold_empty_neighbours(cursor: QtGui.QTextCursor, frame: QtGui.QTextFrame) -> None:
+    """insertFrame() leaves an empty paragraph on each side of the frame (a blank line
+    around every code block): join them with their neighbours."""
+    cursor.setPosition(frame.lastPosition() + 1)  # the paragraph right after the frame
+    after = cursor.block()
+    if after.length() == 1 and after.next().isValid():
+        next_format = after.next().blockFormat()
+        cursor.deleteChar()  # pulls the next paragraph up into this empty one
+        cursor.setBlockFormat(next_format)
+    elif after.length() == 1:  # the frame ends the document: this line must stay
+        cursor.setBlockFormat(_NO_HEIGHT)
+    cursor.setPosition(frame.firstPosition() - 1)  # the paragraph right before the frame
+    before = cursor.block()
+    if before.length() == 1 and before.previous().isValid():
+        cursor.deletePreviousChar()
+    elif before.length() == 1:  # the frame starts the document
+        cursor.setBlockFormat(_NO_HEIGHT)
+
+
+_NO_HEIGHT = QtGui.QTextBlockFormat()
+_NO_HEIGHT.setLineHeight(0, QtGui.QTextBlockFormat.LineHeightTypes.FixedHeight.value)
+
+
+class _TintedFrame(QtWidgets.QFrame):
+    """A frame painted as a rounded rectangle in a colour derived from the palette."""
+
+    def __init__(self, fill, parent: QtWidgets.QWidget | None = None):
+        super().__init__(parent)
+        self._fill = fill  # palette -> QColor | None
+
+    def paintEvent(self, event: QtGui.QPaintEvent) -> None:
+        color = self._fill(self.palette())
+        if color is not None:
+            painter = QtGui.QPainter(self)
+            painter.setRenderHint(QtGui.QPainter.RenderHint.Antialiasing)
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(color)
+            painter.drawRoundedRect(QtCore.QRectF(self.rect()), 8, 8)
+            painter.end()
+        super().paintEvent(event)
+
+
+def _user_fill(palette: QtGui.QPalette) -> QtGui.QColor:
+    return tint(palette, palette.color(QtGui.QPalette.ColorRole.Highlight), 0.10)
+
+
+def _error_fill(palette: QtGui.QPalette) -> QtGui.QColor:
+    return tint(palette, danger_color(palette), 0.14)
+
+
+def _small(widget: QtWidgets.QWidget, scale: float = 0.9) -> QtWidgets.QWidget:
+    font = widget.font()
+    font.setPointSizeF(max(6.0, font.pointSizeF() * scale))
+    widget.setFont(font)
+    return widget
+
+
+def _tool_button(text: str, tip: str, name: str) -> QtWidgets.QToolButton:
+    button = QtWidgets.QToolButton()
+    button.setText(text)
+    button.setToolTip(tip)
+    button.setObjectName(name)
+    button.setAutoRaise(True)
+    button.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+    return _small(button)
+
+
+class MessageWidget(_TintedFrame):
+    """One message: role, Markdown body, attachments, progress/info/error lines and a
+    small toolbar (copy, copy code, regenerate or edit, version switcher)."""
+
+    copyRequested = Signal(str, str)  # text, what was copied ("message" | "code")
+    regenerateRequested = Signal(int)
+    editRequested = Signal(int, str)
+    versionRequested = Signal(int, int)
+
+    def __init__(self, item: MessageItem, parent: QtWidgets.QWidget | None = None):
+        self.item = item
+        super().__init__(_user_fill if item.role == "user" else lambda _palette: None, parent)
+        self.setObjectName(f"{item.role}Message")
+        self._code: list[str] = []
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(4)
+        layout.addLayout(self._build_header())
+        self.body = MarkdownBrowser()
+        layout.addWidget(self.body)
+        layout.addWidget(self._build_editor())
+        self.attachments = QtWidgets.QLabel()
+        self.attachments.setObjectName("attachmentNames")
+        self.attachments.setWordWrap(True)
+        self.attachments.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        layout.addWidget(_small(self.attachments))
+        layout.addWidget(self._build_progress())
+        self.error_box = _TintedFrame(_error_fill)
+        self.error_label = QtWidgets.QLabel()
+        self.error_label.setObjectName("errorLabel")
+        self.error_label.setWordWrap(True)
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        error_layout = QtWidgets.QHBoxLayout(self.error_box)
+        error_layout.setContentsMargins(10, 6, 10, 6)
+        error_layout.addWidget(self.error_label)
+        layout.addWidget(self.error_box)
+        self.info = QtWidgets.QLabel()
+        self.info.setObjectName("infoLabel")
+        self.info.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        layout.addWidget(_small(self.info, 0.85))
+        self.apply(item)
+
+    # -- building ----------------------------------------------------------------------
+
+    def _build_header(self) -> QtWidgets.QHBoxLayout:
+        header = QtWidgets.QHBoxLayout()
+        header.setSpacing(2)
+        self.role_label = QtWidgets.QLabel(ROLE_NAMES.get(self.item.role, self.item.role))
+        self.role_label.setObjectName("roleLabel")
+        bold = self.role_label.font()
+        bold.setBold(True)
+        self.role_label.setFont(bold)
+        header.addWidget(self.role_label)
+        header.addStretch(1)
+        self.prev_button = _tool_button("‹", "Previous version", "previousVersionButton")
+        self.version_label = _small(QtWidgets.QLabel())
+        self.version_label.setObjectName("versionLabel")
+        self.next_button = _tool_button("›", "Next version", "nextVersionButton")
+        self.copy_button = _tool_button("Copy", "Copy the message as Markdown", "copyButton")
+        self.copy_code_button = _tool_button("Copy code", "Copy the code block", "copyCodeButton")
+        self.copy_code_menu = QtWidgets.QMenu(self)
+        self.regenerate_button = _tool_button("Regenerate", "Write this reply again",
+                                              "regenerateButton")
+        self.edit_button = _tool_button("Edit", "Edit and send again", "editButton")
+        for widget in (self.prev_button, self.version_label, self.next_button,
+                       self.copy_button, self.copy_code_button, self.regenerate_button,
+                       self.edit_button):
+            header.addWidget(widget)
+        self.prev_button.clicked.connect(lambda: self._request_version(-1))
+        self.next_button.clicked.connect(lambda: self._request_version(+1))
+        self.copy_button.clicked.connect(
+            lambda: self.copyRequested.emit(self.item.text, "message"))
+        self.copy_code_button.clicked.connect(self._copy_only_code_block)
+        self.regenerate_button.clicked.connect(
+            lambda: self.regenerateRequested.emit(self.item.message_id))
+        self.edit_button.clicked.connect(self.start_editing)
+        self.regenerate_button.setVisible(self.item.role == "assistant")
+        self.edit_button.setVisible(self.item.role == "user")
+        self._toolbar = (self.prev_button, self.version_label, self.next_button,
+                         self.copy_button, self.copy_code_button, self.regenerate_button,
+                         self.edit_button)
+        return header
+
+    def _build_editor(self) -> QtWidgets.QWidget:
+        self.editor_box = QtWidgets.QWidget()
+        box = QtWidgets.QVBoxLayout(self.editor_box)
+        box.setContentsMargins(0, 0, 0, 0)
+        self.editor = QtWidgets.QPlainTextEdit()
+        self.editor.setObjectName("messageEditor")
+        box.addWidget(self.editor)
+        buttons = QtWidgets.QHBoxLayout()
+        buttons.addStretch(1)
+        self.cancel_edit_button = QtWidgets.QPushButton("Cancel")
+        self.cancel_edit_button.setObjectName("cancelEditButton")
+        self.save_edit_button = QtWidgets.QPushButton("Save && send")
+        self.save_edit_button.setObjectName("saveEditButton")
+        buttons.addWidget(self.cancel_edit_button)
+        buttons.addWidget(self.save_edit_button)
+        box.addLayout(buttons)
+        self.cancel_edit_button.clicked.connect(self.stop_editing)
+        self.save_edit_button.clicked.connect(self._save_edit)
+        self.editor.textChanged.connect(
+            lambda: self.save_edit_button.setEnabled(bool(self.editor.toPlainText().strip())))
+        self.editor_box.hide()
+        return self.editor_box
+
+    def _build_progress(self) -> QtWidgets.QWidget:
+        self.progress_box = QtWidgets.QWidget()
+        row = QtWidgets.QHBoxLayout(self.progress_box)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.progress_label = _small(QtWidgets.QLabel())
+        self.progress_label.setObjectName("progressLabel")
+        self.progress_label.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        self.busy_bar = QtWidgets.QProgressBar()
+        self.busy_bar.setRange(0, 0)  # indeterminate: the progress text carries the numbers
+        self.busy_bar.setTextVisible(False)
+        self.busy_bar.setFixedSize(80, 6)
+        row.addWidget(self.progress_label)
+        row.addWidget(self.busy_bar)
+        row.addStretch(1)
+        return self.progress_box
+
+    # -- showing an item ---------------------------------------------------------------
+
+    @property
+    def editing(self) -> bool:
+        return not self.editor_box.isHidden()
+
+    def apply(self, item: MessageItem) -> None:
+        self.item = item
+        live = item.status in LIVE_STATUSES
+        self.body.set_markdown(item.text)
+        self.body.setVisible(bool(item.text) and not self.editing)
+        self.attachments.setText("  ".join(f"▪ {name}" for name in item.attachments))
+        self.attachments.setVisible(bool(item.attachments))
+        waiting = item.status in (QUEUED, PREFILLING) or (
+            item.status == STREAMING and not item.text)
+        self.progress_label.setText(item.progress or _WAITING_TEXT.get(item.status, ""))
+        self.progress_box.setVisible(waiting)
+        failed = "Something went wrong." if item.status == ERROR else ""
+        self.error_label.setText(item.error or failed)
+        self.error_box.setVisible(bool(self.error_label.text()))
+        self.info.setText(self._info_text(item))
+        self.info.setVisible(bool(self.info.text()))
+        self._apply_toolbar(item, live)
+
+    @staticmethod
+    def _info_text(item: MessageItem) -> str:
+        note = {STOPPED: "Stopped", INTERRUPTED: "Interrupted"}.get(item.status, "")
+        if note and note.lower() in item.info.lower():
+            note = ""
+        return " · ".join(part for part in (note, item.info) if part)
+
+    def _apply_toolbar(self, item: MessageItem, live: bool) -> None:
+        versions = item.version_count > 1
+        self.version_label.setText(f"{item.version_index + 1}/{item.version_count}")
+        for widget in (self.prev_button, self.version_label, self.next_button):
+            widget.setVisible(versions and not self.editing)
+        self.prev_button.setEnabled(item.version_index > 0 and not live)
+        self.next_button.setEnabled(item.version_index < item.version_count - 1 and not live)
+        self.regenerate_button.setEnabled(not live)
+        self.copy_button.setEnabled(bool(item.text))
+        code = code_blocks(item.text)
+        if code != self._code:
+            self._code = code
+            self._rebuild_code_menu()
+        self.copy_code_button.setVisible(bool(code) and not self.editing)
+
+    def _rebuild_code_menu(self) -> None:
+        self.copy_code_menu.clear()
+        if len(self._code) > 1:
+            for index, code in enumerate(self._code):
+                action = self.copy_code_menu.addAction(_code_menu_label(code, index))
+                action.triggered.connect(
+                    lambda _checked=False, code=code: self.copyRequested.emit(code, "code"))
+            self.copy_code_button.setMenu(self.copy_code_menu)
+            self.copy_code_button.setPopupMode(
+                QtWidgets.QToolButton.ToolButtonPopupMode.InstantPopup)
+            self.copy_code_button.setToolTip("Copy one of the code blocks")
+        else:
+            self.copy_code_button.setMenu(None)
+            self.copy_code_button.setToolTip("Copy the code block")
+
+    def code_blocks(self) -> list[str]:
+        return list(self._code)
+
+    def _copy_only_code_block(self) -> None:
+        if len(self._code) == 1:
+            self.copyRequested.emit(self._code[0], "code")
+
+    def _request_version(self, delta: int) -> None:
+        self.versionRequested.emit(self.item.message_id, delta)
+
+    # -- inline editing ----------------------------------------------------------------
+
+    def start_editing(self) -> None:
+        if self.item.role != "user" or self.editing:
+            return
+        self.editor.setPlainText(self.item.text)
+        self.editor_box.show()
+        self.body.hide()
+        for widget in self._toolbar:
+            widget.hide()
+        self.editor.setFocus()
+        self.editor.moveCursor(QtGui.QTextCursor.MoveOperation.End)
+
+    def stop_editing(self) -> None:
+        self.editor_box.hide()
+        self.edit_button.show()
+        self.copy_button.show()
+        self.apply(self.item)
+
+    def _save_edit(self) -> None:
+        text = self.editor.toPlainText().strip()
+        if text:
+            self.stop_editing()
+            self.editRequested.emit(self.item.message_id, text)
+
+
+class MessageView(QtWidgets.QScrollArea):
+    """The transcript of the current chat. Feed it `set_messages()` when the chat changes
+    and `update_message()` as replies stream; it emits what the person asks for."""
+
+    regenerateRequested = Signal(int)  # message_id
+    editRequested = Signal(int, str)  # message_id, new text
+    versionRequested = Signal(int, int)  # message_id, delta (-1 | +1)
+    copied = Signal(str)  # a short status line, e.g. "Copied the code"
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("messageView")
+        self.setWidgetResizable(True)
+        self.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self._widgets: dict[int, MessageWidget] = {}
+        self._pending: dict[int, MessageItem] = {}
+        self._follow = True
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setSingleShot(True)
+        self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
+        self._flush_timer.timeout.connect(self.apply_pending)
+        self._build_page()
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range_changed)
+        bar.valueChanged.connect(self._on_scrolled)
+
+    def _build_page(self) -> None:
+        page = QtWidgets.QWidget()
+        page.setObjectName("messagePage")
+        page.setBackgroundRole(QtGui.QPalette.ColorRole.Base)
+        page.setAutoFillBackground(True)
+        row = QtWidgets.QHBoxLayout(page)
+        row.setContentsMargins(12, 12, 12, 12)
+        self._column = QtWidgets.QWidget()
+        self._column.setMaximumWidth(MAX_TEXT_WIDTH)
+        row.addStretch(1)
+        row.addWidget(self._column, 1000)  # the column takes the width up to its maximum
+        row.addStretch(1)
+        self._layout = QtWidgets.QVBoxLayout(self._column)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(10)
+        self.placeholder = QtWidgets.QLabel()
+        self.placeholder.setObjectName("messagePlaceholder")
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        self.placeholder.setContentsMargins(0, 48, 0, 0)
+        self._layout.addWidget(self.placeholder)
+        self._layout.addStretch(1)
+        self.setWidget(page)
+
+    # -- feeding -----------------------------------------------------------------------
+
+    def set_messages(self, items: list[MessageItem]) -> None:
+        """Show exactly `items` (a chat was opened); drops updates not yet applied."""
+        self._flush_timer.stop()
+        self._pending.clear()
+        for widget in self._widgets.values():
+            self._layout.removeWidget(widget)
+            widget.deleteLater()
+        self._widgets.clear()
+        for item in items:
+            self._append(item)
+        self._update_placeholder()
+        self._follow = True
+        self.scroll_to_bottom()
+
+    def update_message(self, item: MessageItem) -> None:
+        """Show `item` in place of the message with its id (or after the last one). Cheap:
+        the latest item per id is kept and applied by the next timer tick."""
+        self._pending[item.message_id] = item
+        if not self._flush_timer.isActive():
+            self._flush_timer.start()
+
+    def apply_pending(self) -> None:
+        """Apply the stored updates now (the timer calls this)."""
+        self._flush_timer.stop()
+        pending, self._pending = self._pending, {}
+        for item in pending.values():
+            widget = self._widgets.get(item.message_id)
+            if widget is None:
+                self._append(item)
+            else:
+                widget.apply(item)
+        self._update_placeholder()
+
+    def clear(self) -> None:
+        self.set_messages([])
+
+    def set_placeholder(self, text: str) -> None:
+        """What an empty chat shows, e.g. "Start the conversation below"."""
+        self.placeholder.setText(text)
+        self._update_placeholder()
+
+    def message_widget(self, message_id: int) -> MessageWidget | None:
+        return self._widgets.get(message_id)
+
+    def message_ids(self) -> list[int]:
+        return list(self._widgets)
+
+    def _append(self, item: MessageItem) -> None:
+        widget = MessageWidget(item)
+        widget.copyRequested.connect(self._copy)
+        widget.regenerateRequested.connect(self.regenerateRequested)
+        widget.editRequested.connect(self.editRequested)
+        widget.versionRequested.connect(self.versionRequested)
+        self._layout.insertWidget(self._layout.count() - 1, widget)  # before the stretch
+        widget.show()  # now, not on the layout's next pass: callers may look at it at once
+        self._widgets[item.message_id] = widget
+
+    def _update_placeholder(self) -> None:
+        self.placeholder.setVisible(not self._widgets and bool(self.placeholder.text()))
+
+    def _copy(self, text: str, what: str) -> None:
+        QtGui.QGuiApplication.clipboard().setText(text)
+        self.copied.emit("Copied the code" if what == "code" else "Copied the message")
+
+    # -- following the stream ----------------------------------------------------------
+
+    def is_at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - BOTTOM_SLACK_PX
+
+    def scroll_to_bottom(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _on_scrolled(self, _value: int) -> None:
+        self._follow = self.is_at_bottom()
+
+    def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        # The content grew (or the view resized): stay at the bottom if we were there.
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)

@@ -1,0 +1,58 @@
+"""What the widgets draw with besides the palette itself: the app icon, and the few colours
+derived from the palette (tints, the error colour), so light and dark themes both work."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from app.ui.qt import QtGui
+
+
+def resources_dir() -> Path:
+    """resources/ next to the `app` package, or inside a PyInstaller bundle (sys._MEIPASS)."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        return Path(bundle) / "resources"
+    return Path(__file__).resolve().parents[2] / "resources"
+
+
+def icon_path() -> Path:
+    """The 256x256 PNG app icon (rendered from icon.svg by scripts/make_icon.py)."""
+    return resources_dir() / "icon.png"
+
+
+def app_icon() -> QtGui.QIcon:
+    """The app icon: the SVG where Qt can render SVG (sharp at every size), plus the PNG.
+    An empty icon if the files are missing (e.g. a wheel install without resources/)."""
+    icon = QtGui.QIcon()
+    svg = resources_dir() / "icon.svg"
+    if svg.is_file() and b"svg" in QtGui.QImageReader.supportedImageFormats():
+        icon.addFile(str(svg))
+    if icon_path().is_file():
+        icon.addFile(str(icon_path()))
+    return icon
+
+
+def blend(a: QtGui.QColor, b: QtGui.QColor, amount: float) -> QtGui.QColor:
+    """`a` moved `amount` (0..1) of the way towards `b`."""
+    return QtGui.QColor.fromRgbF(
+        a.redF() + (b.redF() - a.redF()) * amount,
+        a.greenF() + (b.greenF() - a.greenF()) * amount,
+        a.blueF() + (b.blueF() - a.blueF()) * amount,
+        1.0,
+    )
+
+
+def is_dark(palette: QtGui.QPalette) -> bool:
+    return palette.color(QtGui.QPalette.ColorRole.Base).lightnessF() < 0.5
+
+
+def danger_color(palette: QtGui.QPalette) -> QtGui.QColor:
+    """Red for errors and warnings, readable on the palette's base colour."""
+    return QtGui.QColor("#ff8a80") if is_dark(palette) else QtGui.QColor("#c62828")
+
+
+def tint(palette: QtGui.QPalette, towards: QtGui.QColor, amount: float) -> QtGui.QColor:
+    """The palette's base colour with a little of `towards` mixed in (backgrounds)."""
+    return blend(palette.color(QtGui.QPalette.ColorRole.Base), towards, amount)

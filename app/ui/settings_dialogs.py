@@ -1,0 +1,117 @@
+"""Per-chat generation settings and app-wide engine preferences."""
+
+from __future__ import annotations
+
+from app.ui.qt import QtWidgets
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ChatSettingsDialog(QtWidgets.QDialog):
+    """System prompt and sampling for one chat; optionally the defaults for new chats."""
+
+    def __init__(self, values: dict, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Chat settings")
+        self.setMinimumWidth(460)
+        form = QtWidgets.QFormLayout()
+        self.system_prompt = QtWidgets.QPlainTextEdit(values.get("system_prompt") or "")
+        self.system_prompt.setPlaceholderText("Instructions the model sees before the chat")
+        self.system_prompt.setMaximumHeight(110)
+        self.temperature = self._double(values.get("temperature", 1.0), 0, 5, 0.05,
+                                        "0 = always the most likely word")
+        self.top_k = self._int(values.get("top_k", 64), 0, 10_000, "0 = off")
+        self.top_p = self._double(values.get("top_p", 0.95), 0.01, 1, 0.01, "1 = off")
+        self.min_p = self._double(values.get("min_p", 0.0), 0, 1, 0.01, "0 = off")
+        self.max_tokens = self._int(values.get("max_tokens", 1024), 1, 32_768, "")
+        self.seed = QtWidgets.QLineEdit("" if values.get("seed") is None else str(values["seed"]))
+        self.seed.setPlaceholderText("random")
+        self.as_default = QtWidgets.QCheckBox("Use these sampling settings for new chats")
+        form.addRow("System prompt:", self.system_prompt)
+        form.addRow("Temperature:", self.temperature)
+        form.addRow("Top-k:", self.top_k)
+        form.addRow("Top-p:", self.top_p)
+        form.addRow("Min-p:", self.min_p)
+        form.addRow("Max reply tokens:", self.max_tokens)
+        form.addRow("Seed:", self.seed)
+        form.addRow(self.as_default)
+        buttons = QtWidgets.QDialogButtonBox(QtWidgets.QDialogButtonBox.Ok
+                                             | QtWidgets.QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self._accept)
+        buttons.rejected.connect(self.reject)
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(buttons)
+
+    @staticmethod
+    def _double(value, low, high, step, tip):
+        box = QtWidgets.QDoubleSpinBox()
+        box.setRange(low, high)
+        box.setSingleStep(step)
+        box.setDecimals(2)
+        box.setValue(float(value))
+        box.setToolTip(tip)
+        return box
+
+    @staticmethod
+    def _int(value, low, high, tip):
+        box = QtWidgets.QSpinBox()
+        box.setRange(low, high)
+        box.setValue(int(value))
+        box.setToolTip(tip)
+        return box
+
+    def _accept(self) -> None:
+        text = self.seed.text().strip()
+        if text and not text.lstrip("-").isdigit():
+            QtWidgets.QMessageBox.warning(self, "Seed", "The seed must be a whole number or empty.")
+            return
+        self.accept()
+
+    def values(self) -> dict:
+        seed = self.seed.text().strip()
+        return {"system_prompt": self.system_prompt.toPlainText().strip(),
+                "temperature": round(self.temperature.value(), 3), "top_k": self.top_k.value(),
+                "top_p": round(self.top_p.value(), 3), "min_p": round(self.min_p.value(), 3),
+                "max_tokens": self.max_tokens.value(), "seed": int(seed) if seed else None}
+
+    def make_default(self) -> bool:
+        return self.as_default.isChecked()
+
+
+class PreferencesDialog(QtWidgets.QDialog):
+    """Where the model runs: device, weight precision, prefill chunk size."""
+
+    def __init__(self, values: dict, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Preferences")
+        form = QtWidgets.QFormLayout()
+        self.device = QtWidgets.QComboBox()
+        self.device.addItems(DEVICES)
+        self.device.setCurrentText(values.get("device", "auto"))
+        self.dtype = QtWidgets.QComboBox()
+        self.dtype.addItems(DTYPES)
+        self.dtype.setCurrentText(values.get("dtype", "auto"))
+        self.dtype.setToolTip("auto: bfloat16 on the CPU and CUDA, float16 on Apple GPUs")
+        self.prefill_chunk = QtWidgets.QSpinBox()
+        self.prefill_chunk.setRange(16, 8192)
+        self.prefill_chunk.setSingleStep(64)
+        self.prefill_chunk.setValue(int(values.get("prefill_chunk", 512)))
+        self.prefill_chunk.setToolTip("Most prompt tokens read in one step while no other chat "
+                                      "is writing; smaller keeps other chats smoother")
+        form.addRow("Device:", self.device)
+        form.addRow("Precision:", self.dtype)
+        form.addRow("Prefill chunk (tokens):", self.prefill_chunk)
+        buttons = QtWidgets.QDialogButtonBox(QtWidgets.QDialogButtonBox.Ok
+                                             | QtWidgets.QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(QtWidgets.QLabel("Changes reload the model."))
+        layout.addWidget(buttons)
+
+    def values(self) -> dict:
+        return {"device": self.device.currentText(), "dtype": self.dtype.currentText(),
+                "prefill_chunk": self.prefill_chunk.value()}

@@ -1,0 +1,281 @@
+"""MessageView: showing chats, coalesced streaming updates, following the stream, and the
+per-message actions (copy, copy code, regenerate, edit, versions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.ui import message_view
+from app.ui.message_view import MessageView, MessageWidget, code_blocks
+from app.ui.qt import QtCore, QtGui, QtWidgets, Qt
+from app.ui.view_models import ERROR, PREFILLING, STOPPED, STREAMING, MessageItem
+
+CODE_REPLY = "Here:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nDone."
+TWO_BLOCKS = "```sh\npip install x\n```\n\nthen\n\n~~~python\nimport x\nx.run()\n~~~\n"
+
+
+@pytest.fixture
+def view(qtbot):
+    widget = MessageView()
+    qtbot.addWidget(widget)
+    widget.resize(600, 400)
+    widget.show()
+    qtbot.waitExposed(widget)
+    return widget
+
+
+def user(message_id: int, text: str, **kw) -> MessageItem:
+    return MessageItem(message_id, "user", text, **kw)
+
+
+def assistant(message_id: int, text: str, **kw) -> MessageItem:
+    return MessageItem(message_id, "assistant", text, **kw)
+
+
+def long_chat(count: int = 12) -> list[MessageItem]:
+    return [(user if i % 2 == 0 else assistant)(i, f"Message {i}\n\n" + "words " * 60)
+            for i in range(count)]
+
+
+# -- code blocks -----------------------------------------------------------------------
+
+def test_code_blocks_finds_backtick_and_tilde_fences():
+    assert code_blocks(CODE_REPLY) == ["def add(a, b):\n    return a + b"]
+    assert code_blocks(TWO_BLOCKS) == ["pip install x", "import x\nx.run()"]
+    assert code_blocks("no code, just `inline`") == []
+
+
+def test_an_unclosed_fence_runs_to_the_end_while_streaming():
+    assert code_blocks("Look:\n```python\nprint(1)\nprint(2") == ["print(1)\nprint(2"]
+
+
+# -- showing messages ------------------------------------------------------------------
+
+def test_set_messages_shows_each_message_with_its_role(view):
+    view.set_messages([user(1, "Hello"), assistant(2, "**Hi** there")])
+    assert view.message_ids() == [1, 2]
+    first, second = view.message_widget(1), view.message_widget(2)
+    assert first.role_label.text() == "You"
+    assert second.role_label.text() == "Assistant"
+    assert second.body.toPlainText() == "Hi there"  # Markdown rendered, not shown raw
+    assert second.body.markdown() == "**Hi** there"
+
+
+def test_set_messages_replaces_the_previous_chat(view, qtbot):
+    view.set_messages([user(1, "old"), assistant(2, "old reply")])
+    view.set_messages([user(7, "new")])
+    assert view.message_ids() == [7]
+
+
+def test_placeholder_only_for_an_empty_chat(view):
+    view.set_placeholder("Start the conversation below")
+    assert view.placeholder.isVisible()
+    view.set_messages([user(1, "Hello")])
+    assert not view.placeholder.isVisible()
+    view.clear()
+    assert view.message_ids() == []
+    assert view.placeholder.isVisible()
+
+
+def test_message_height_fits_its_document_and_refits_on_width_change(view, qtbot):
+    view.set_messages([assistant(1, "word " * 300)])
+    body = view.message_widget(1).body
+    qtbot.waitUntil(lambda: body.verticalScrollBar().maximum() == 0)
+    wide_height = body.height()
+    assert wide_height >= body.document().size().height()
+    view.resize(300, 400)
+    qtbot.waitUntil(lambda: body.height() > wide_height)
+    assert body.verticalScrollBar().maximum() == 0
+
+
+def test_code_is_set_in_a_fixed_pitch_font(view):
+    view.set_messages([assistant(1, CODE_REPLY)])
+    document = view.message_widget(1).body.document()
+    block = document.findBlock(document.toPlainText().index("def add"))
+    assert block.charFormat().fontFixedPitch() or \
+        QtGui.QTextCursor(block).charFormat().fontFixedPitch()
+
+
+def test_progress_error_info_and_attachments_are_shown(view):
+    view.set_messages([
+        user(1, "Summarise", attachments=("report.pdf", "notes.txt")),
+        assistant(2, "", status=PREFILLING, progress="Reading the prompt… 45%"),
+        assistant(3, "", status=ERROR, error="Out of memory"),
+        assistant(4, "Partial", status=STOPPED, info="12 tokens"),
+    ])
+    asked, waiting, failed, stopped = (view.message_widget(i) for i in (1, 2, 3, 4))
+    assert "report.pdf" in asked.attachments.text() and "notes.txt" in asked.attachments.text()
+    assert waiting.progress_box.isVisible()
+    assert waiting.progress_label.text() == "Reading the prompt… 45%"
+    assert not waiting.regenerate_button.isEnabled()  # it is still being written
+    assert failed.error_box.isVisible() and failed.error_label.text() == "Out of memory"
+    assert stopped.info.text() == "Stopped · 12 tokens"
+    assert not stopped.progress_box.isVisible() and not stopped.error_box.isVisible()
+
+
+def test_links_open_in_the_system_browser(view, monkeypatch):
+    opened = []
+    monkeypatch.setattr(QtGui.QDesktopServices, "openUrl", opened.append)
+    view.set_messages([assistant(1, "See [the docs](https://example.com/docs).")])
+    body = view.message_widget(1).body
+    body.anchorClicked.emit(QtCore.QUrl("https://example.com/docs"))
+    assert [url.toString() for url in opened] == ["https://example.com/docs"]
+    assert body.markdown() == "See [the docs](https://example.com/docs)."  # still shown
+
+
+def test_the_wheel_over_a_message_scrolls_the_transcript(view, qtbot):
+    view.set_messages(long_chat())
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    body = view.message_widget(11).body
+    position = QtCore.QPointF(body.viewport().rect().center())
+    wheel = QtGui.QWheelEvent(position, body.viewport().mapToGlobal(position),
+                              QtCore.QPoint(0, 0), QtCore.QPoint(0, 120),
+                              Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier,
+                              Qt.ScrollPhase.NoScrollPhase, False)
+    QtWidgets.QApplication.sendEvent(body.viewport(), wheel)
+    assert bar.value() < bar.maximum()
+
+
+# -- streaming updates -----------------------------------------------------------------
+
+def test_updates_are_coalesced_and_applied_on_the_timer(view, qtbot, monkeypatch):
+    view.set_messages([user(1, "Count"), assistant(2, "", status=STREAMING)])
+    applied = []
+    real_apply = MessageWidget.apply
+    monkeypatch.setattr(MessageWidget, "apply",
+                        lambda self, item: (applied.append(item), real_apply(self, item)))
+    text = ""
+    for n in range(50):
+        text += f"{n} "
+        view.update_message(assistant(2, text, status=STREAMING))
+    assert applied == []  # nothing is repainted per call
+    widget = view.message_widget(2)
+    qtbot.waitUntil(lambda: widget.body.markdown() == text)
+    assert len(applied) == 1 and applied[0].text == text
+
+
+def test_update_for_a_new_id_appends_the_message(view, qtbot):
+    view.set_messages([user(1, "Hi")])
+    view.update_message(assistant(2, "", status=PREFILLING, progress="Reading… 10%"))
+    qtbot.waitUntil(lambda: view.message_ids() == [1, 2])
+    assert view.message_widget(2).progress_label.text() == "Reading… 10%"
+
+
+def test_set_messages_drops_updates_not_yet_applied(view, qtbot):
+    view.set_messages([user(1, "Hi")])
+    view.update_message(assistant(2, "stale"))
+    view.set_messages([user(9, "Other chat")])
+    qtbot.wait(message_view.FLUSH_INTERVAL_MS * 3)
+    assert view.message_ids() == [9]
+
+
+def test_streaming_follows_the_bottom(view, qtbot):
+    chat = long_chat()
+    view.set_messages(chat)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    before = bar.maximum()
+    view.update_message(assistant(99, "streamed " * 300, status=STREAMING))
+    qtbot.waitUntil(lambda: bar.maximum() > before and bar.value() == bar.maximum())
+
+
+def test_streaming_leaves_a_scrolled_up_view_alone(view, qtbot):
+    view.set_messages(long_chat())
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    bar.setValue(10)
+    before = bar.maximum()
+    view.update_message(assistant(99, "streamed " * 300, status=STREAMING))
+    qtbot.waitUntil(lambda: bar.maximum() > before)
+    assert bar.value() == 10
+
+
+# -- actions ---------------------------------------------------------------------------
+
+def test_copy_puts_the_markdown_on_the_clipboard(view, qtbot):
+    view.set_messages([assistant(1, CODE_REPLY)])
+    with qtbot.waitSignal(view.copied) as copied:
+        qtbot.mouseClick(view.message_widget(1).copy_button, Qt.MouseButton.LeftButton)
+    assert QtGui.QGuiApplication.clipboard().text() == CODE_REPLY
+    assert copied.args == ["Copied the message"]
+
+
+def test_copy_code_with_one_block_copies_it(view, qtbot):
+    view.set_messages([assistant(1, CODE_REPLY), assistant(2, "no code here")])
+    assert not view.message_widget(2).copy_code_button.isVisible()
+    button = view.message_widget(1).copy_code_button
+    assert button.isVisible() and button.menu() is None
+    with qtbot.waitSignal(view.copied) as copied:
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert QtGui.QGuiApplication.clipboard().text() == "def add(a, b):\n    return a + b"
+    assert copied.args == ["Copied the code"]
+
+
+def test_copy_code_with_several_blocks_offers_a_menu(view, qtbot):
+    view.set_messages([assistant(1, TWO_BLOCKS)])
+    menu = view.message_widget(1).copy_code_button.menu()
+    actions = menu.actions()
+    assert [a.text() for a in actions] == ["1. pip install x", "2. import x"]
+    with qtbot.waitSignal(view.copied):
+        actions[1].trigger()
+    assert QtGui.QGuiApplication.clipboard().text() == "import x\nx.run()"
+
+
+def test_regenerate_is_offered_on_replies_and_edit_on_questions(view, qtbot):
+    view.set_messages([user(1, "Q"), assistant(2, "A")])
+    asked, answered = view.message_widget(1), view.message_widget(2)
+    assert asked.edit_button.isVisible() and not asked.regenerate_button.isVisible()
+    assert answered.regenerate_button.isVisible() and not answered.edit_button.isVisible()
+    with qtbot.waitSignal(view.regenerateRequested) as blocker:
+        qtbot.mouseClick(answered.regenerate_button, Qt.MouseButton.LeftButton)
+    assert blocker.args == [2]
+
+
+def test_version_switcher(view, qtbot):
+    view.set_messages([assistant(1, "only"), assistant(2, "v2", version_index=1, version_count=3)])
+    assert not view.message_widget(1).version_label.isVisible()
+    widget = view.message_widget(2)
+    assert widget.version_label.isVisible() and widget.version_label.text() == "2/3"
+    with qtbot.waitSignal(view.versionRequested) as blocker:
+        qtbot.mouseClick(widget.prev_button, Qt.MouseButton.LeftButton)
+    assert blocker.args == [2, -1]
+    with qtbot.waitSignal(view.versionRequested) as blocker:
+        qtbot.mouseClick(widget.next_button, Qt.MouseButton.LeftButton)
+    assert blocker.args == [2, 1]
+    view.update_message(assistant(2, "v3", version_index=2, version_count=3))
+    qtbot.waitUntil(lambda: widget.version_label.text() == "3/3")
+    assert widget.prev_button.isEnabled() and not widget.next_button.isEnabled()
+
+
+def test_edit_then_save_and_send(view, qtbot):
+    view.set_messages([user(1, "Wrong question"), assistant(2, "A")])
+    widget = view.message_widget(1)
+    qtbot.mouseClick(widget.edit_button, Qt.MouseButton.LeftButton)
+    assert widget.editing and widget.editor.isVisible() and not widget.body.isVisible()
+    assert widget.editor.toPlainText() == "Wrong question"
+    widget.editor.setPlainText("  Right question \n")
+    with qtbot.waitSignal(view.editRequested) as blocker:
+        qtbot.mouseClick(widget.save_edit_button, Qt.MouseButton.LeftButton)
+    assert blocker.args == [1, "Right question"]
+    assert not widget.editing and widget.body.isVisible()
+
+
+def test_edit_cancel_restores_the_message(view, qtbot):
+    view.set_messages([user(1, "Question")])
+    widget = view.message_widget(1)
+    qtbot.mouseClick(widget.edit_button, Qt.MouseButton.LeftButton)
+    widget.editor.setPlainText("changed")
+    with qtbot.assertNotEmitted(view.editRequested):
+        qtbot.mouseClick(widget.cancel_edit_button, Qt.MouseButton.LeftButton)
+    assert not widget.editing
+    assert widget.body.isVisible() and widget.body.markdown() == "Question"
+    assert widget.edit_button.isVisible() and widget.copy_button.isVisible()
+
+
+def test_an_emptied_edit_cannot_be_sent(view, qtbot):
+    view.set_messages([user(1, "Question")])
+    widget = view.message_widget(1)
+    qtbot.mouseClick(widget.edit_button, Qt.MouseButton.LeftButton)
+    widget.editor.setPlainText("   ")
+    assert not widget.save_edit_button.isEnabled()

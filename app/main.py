@@ -46,6 +46,7 @@ def create_main_window(argv: list[str] | None = None):
     from app.ui.bridge import EngineBridge
     from app.ui.controller import ChatController
     from app.ui.main_window import MainWindow
+    from app.ui.qt import QtWidgets
 
     args = gui_parser().parse_args(argv or [])
     _application()
@@ -53,6 +54,7 @@ def create_main_window(argv: list[str] | None = None):
     store = ChatStore(folder)
     window = MainWindow()
     bridge = EngineBridge()
+    QtWidgets.QApplication.instance().aboutToQuit.connect(bridge.shutdown)
     window.controller = ChatController(window, store, bridge, folder, model_override=args.model,
                                        device_override=args.device)
     window.controller.start()

@@ -11,6 +11,7 @@ enqueues, so it is safe and instant from any thread, even while the worker is bu
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Sequence
 
 from app.documents import DocumentError, extract_document
@@ -64,6 +65,8 @@ class EngineBridge(QObject):
         self._inspect.connect(self._do_inspect)
         self._prepare_embedded.connect(self._do_prepare_embedded)
         self._thread.start()
+        # A script that never runs the event loop to its end still stops the thread cleanly.
+        atexit.register(self.shutdown)
 
     # ---- called from the GUI thread ----------------------------------------------------
 
@@ -90,7 +93,10 @@ class EngineBridge(QObject):
         self._inspect.emit(path)
 
     def shutdown(self) -> None:
-        """Stop generation, free the model and end the worker thread (blocks briefly)."""
+        """Stop generation, free the model and end the worker thread (blocks briefly).
+        Safe to call twice (window close, then application quit)."""
+        if not self._thread.isRunning():
+            return
         self.session.close()
         self._thread.quit()
         self._thread.wait(10_000)

@@ -175,6 +175,9 @@ class ChatController(QObject):
 
     def _on_model_loaded(self, info) -> None:
         self.model_info = info
+        picker = self.window.model_picker
+        if picker.currentData() != EMBEDDED_KEY:
+            picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
         self.window.model_status.setText(f"{info.name} ready (loaded in {info.load_seconds:.1f} s)")
         self.window.device_label.setText(f"{info.device} · {info.dtype}")
@@ -512,6 +515,11 @@ class ChatController(QObject):
         elif isinstance(event, PrefillProgress):
             reply.state, reply.done, reply.total, reply.cached = (
                 PREFILLING, event.done, event.total, event.cached)
+            if self.model_info:
+                self._last_usage[reply.chat_id] = (event.total, event.cached,
+                                                   self.model_info.context_length)
+                if reply.chat_id == self.current_chat_id:
+                    self._update_context_meter()
             self._refresh_chat_item(reply.chat_id)
         elif isinstance(event, Token):
             if reply.state != STREAMING:

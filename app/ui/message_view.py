@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
+from app.ui.composer import ComposerEdit
 from app.ui.qt import QtCore, QtGui, QtWidgets, Qt, QTimer, Signal
 from app.ui.resources import danger_color, tint
 from app.ui.view_models import (ERROR, INTERRUPTED, PREFILLING, QUEUED, STOPPED, STREAMING,
                                 MessageItem)
 
 FLUSH_INTERVAL_MS = 40
+MAX_FLUSH_INTERVAL_MS = 250  # a very long reply re-renders less often, never less than 4/s
 BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
 MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
 
@@ -63,6 +66,8 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         super().__init__(parent)
         self._markdown: str | None = None
         self._heights: dict[int, int] = {}  # width -> height, for the current text
+        self._scratch = QtGui.QTextDocument(self)  # for measuring other widths
+        self._scratch_text: str | None = None  # what _scratch holds
         self.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -86,8 +91,9 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
             return
         self._markdown = text
         self.setMarkdown(text)
-        self._style_code()
+        style_code(self.document(), self.palette())
         self._heights.clear()
+        self._scratch_text = None
         self.updateGeometry()  # the layout asks heightForWidth() again
 
     def markdown(self) -> str:
@@ -112,12 +118,21 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         if document.textWidth() != text_width:
             # Layouts ask about widths this widget may never get (e.g. with and without the
             # transcript's scroll bar): measure a copy, leave the shown document alone.
-            shown, document = document, document.clone()
-            document.setDocumentMargin(shown.documentMargin())
-            document.setDefaultFont(shown.defaultFont())
-            document.setDefaultTextOption(shown.defaultTextOption())
+            document = self._scratch_document()
             document.setTextWidth(text_width)
         return math.ceil(document.size().height()) + margins.top() + margins.bottom()
+
+    def _scratch_document(self) -> QtGui.QTextDocument:
+        """The shown text rendered again, for measuring (clone() drops block formats)."""
+        if self._scratch_text != self._markdown:
+            shown, scratch = self.document(), self._scratch
+            scratch.setDocumentMargin(shown.documentMargin())
+            scratch.setDefaultFont(shown.defaultFont())
+            scratch.setDefaultTextOption(shown.defaultTextOption())
+            scratch.setMarkdown(self.markdown())
+            style_code(scratch, self.palette())
+            self._scratch_text = self._markdown
+        return self._scratch
 
     def sizeHint(self) -> QtCore.QSize:
         width = max(self.width(), 200)
@@ -125,49 +140,6 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
 
     def minimumSizeHint(self) -> QtCore.QSize:
         return QtCore.QSize(120, 0)
-
-    def _style_code(self) -> None:
-        """Qt renders fenced code as non-wrapping blocks in the fixed font's family. Make
-        the font truly monospace everywhere, let long lines wrap (nothing scrolls sideways
-        here) and set each run of code lines in a padded frame with a faint background."""
-        mono = QtGui.QFontDatabase.systemFont(QtGui.QFontDatabase.SystemFont.FixedFont)
-        code_format = QtGui.QTextCharFormat()
-        code_format.setFontFamilies([mono.family(), "monospace"])
-        code_format.setFontFixedPitch(True)
-        code_format.setFontStyleHint(QtGui.QFont.StyleHint.TypeWriter)
-        palette = self.palette()
-        frame_format = QtGui.QTextFrameFormat()
-        text_color = palette.color(QtGui.QPalette.ColorRole.Text)
-        frame_format.setBackground(tint(palette, text_color, 0.07))
-        frame_format.setPadding(6)
-        frame_format.setBorder(0)
-        frame_format.setMargin(0)
-        frame_format.setTopMargin(4)
-        frame_format.setBottomMargin(4)
-        cursor = QtGui.QTextCursor(self.document())
-        cursor.beginEditBlock()
-        for start, end in reversed(self._code_runs()):  # from the end: positions stay valid
-            cursor.setPosition(start)
-            cursor.setPosition(end, QtGui.QTextCursor.MoveMode.KeepAnchor)
-            block_format = cursor.blockFormat()
-            block_format.setNonBreakableLines(False)
-            cursor.mergeBlockFormat(block_format)
-            cursor.mergeCharFormat(code_format)
-            _fold_empty_neighbours(cursor, cursor.insertFrame(frame_format))
-        cursor.endEditBlock()
-
-    def _code_runs(self) -> list[tuple[int, int]]:
-        """[start, end) positions of each run of consecutive code blocks."""
-        runs: list[tuple[int, int]] = []
-        block = self.document().begin()
-        while block.isValid():
-            if block.blockFormat().nonBreakableLines():
-                start = block.position()
-                while block.next().isValid() and block.next().blockFormat().nonBreakableLines():
-                    block = block.next()
-                runs.append((start, block.position() + block.length() - 1))
-            block = block.next()
-        return runs
 
     def changeEvent(self, event: QtCore.QEvent) -> None:
         super().changeEvent(event)
@@ -187,6 +159,50 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
             event.ignore()
         else:
             QtWidgets.QApplication.sendEvent(area.viewport(), event)
+
+
+def style_code(document: QtGui.QTextDocument, palette: QtGui.QPalette) -> None:
+    """Qt renders fenced code as non-wrapping blocks in the fixed font's family. Make
+    the font truly monospace everywhere, let long lines wrap (nothing scrolls sideways
+    here) and set each run of code lines in a padded frame with a faint background."""
+    mono = QtGui.QFontDatabase.systemFont(QtGui.QFontDatabase.SystemFont.FixedFont)
+    code_format = QtGui.QTextCharFormat()
+    code_format.setFontFamilies([mono.family(), "monospace"])
+    code_format.setFontFixedPitch(True)
+    code_format.setFontStyleHint(QtGui.QFont.StyleHint.TypeWriter)
+    frame_format = QtGui.QTextFrameFormat()
+    text_color = palette.color(QtGui.QPalette.ColorRole.Text)
+    frame_format.setBackground(tint(palette, text_color, 0.07))
+    frame_format.setPadding(6)
+    frame_format.setBorder(0)
+    frame_format.setMargin(0)
+    frame_format.setTopMargin(4)
+    frame_format.setBottomMargin(4)
+    cursor = QtGui.QTextCursor(document)
+    cursor.beginEditBlock()
+    for start, end in reversed(_code_runs(document)):  # from the end: positions stay valid
+        cursor.setPosition(start)
+        cursor.setPosition(end, QtGui.QTextCursor.MoveMode.KeepAnchor)
+        block_format = cursor.blockFormat()
+        block_format.setNonBreakableLines(False)
+        cursor.mergeBlockFormat(block_format)
+        cursor.mergeCharFormat(code_format)
+        _fold_empty_neighbours(cursor, cursor.insertFrame(frame_format))
+    cursor.endEditBlock()
+
+
+def _code_runs(document: QtGui.QTextDocument) -> list[tuple[int, int]]:
+    """[start, end) positions of each run of consecutive code blocks."""
+    runs: list[tuple[int, int]] = []
+    block = document.begin()
+    while block.isValid():
+        if block.blockFormat().nonBreakableLines():
+            start = block.position()
+            while block.next().isValid() and block.next().blockFormat().nonBreakableLines():
+                block = block.next()
+            runs.append((start, block.position() + block.length() - 1))
+        block = block.next()
+    return runs
 
 
 def _fold_empty_neighbours(cursor: QtGui.QTextCursor, frame: QtGui.QTextFrame) -> None:
@@ -343,8 +359,13 @@ class MessageWidget(_TintedFrame):
         self.editor_box = QtWidgets.QWidget()
         box = QtWidgets.QVBoxLayout(self.editor_box)
         box.setContentsMargins(0, 0, 0, 0)
-        self.editor = QtWidgets.QPlainTextEdit()
+        # Same keys as the message box below: Enter saves and sends, Shift+Enter is a new
+        # line, Esc cancels.
+        self.editor = ComposerEdit()
         self.editor.setObjectName("messageEditor")
+        self.editor.setPlaceholderText("")
+        self.editor.submitted.connect(self._save_edit)
+        self.editor.escapePressed.connect(self.stop_editing)
         box.addWidget(self.editor)
         buttons = QtWidgets.QHBoxLayout()
         buttons.addStretch(1)
@@ -535,6 +556,7 @@ class MessageView(QtWidgets.QScrollArea):
         self._pending.clear()
         for widget in self._widgets.values():
             self._layout.removeWidget(widget)
+            widget.hide()  # gone now, not when the event loop gets to the deferred delete
             widget.deleteLater()
         self._widgets.clear()
         for item in items:
@@ -554,6 +576,7 @@ class MessageView(QtWidgets.QScrollArea):
         """Apply the stored updates now (the timer calls this)."""
         self._flush_timer.stop()
         pending, self._pending = self._pending, {}
+        started = time.perf_counter()
         for item in pending.values():
             widget = self._widgets.get(item.message_id)
             if widget is None:
@@ -561,6 +584,12 @@ class MessageView(QtWidgets.QScrollArea):
             else:
                 widget.apply(item)
         self._update_placeholder()
+        # Each update re-renders the whole reply: once that grows expensive, wait longer
+        # between renders. The layout pass that follows costs about as much again, so at 6x
+        # the GUI thread spends about a third of its time on the stream.
+        spent_ms = (time.perf_counter() - started) * 1000
+        self._flush_timer.setInterval(
+            int(min(MAX_FLUSH_INTERVAL_MS, max(FLUSH_INTERVAL_MS, 6 * spent_ms))))
 
     def clear(self) -> None:
         self.set_messages([])

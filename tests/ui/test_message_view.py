@@ -279,3 +279,17 @@ def test_an_emptied_edit_cannot_be_sent(view, qtbot):
     qtbot.mouseClick(widget.edit_button, Qt.MouseButton.LeftButton)
     widget.editor.setPlainText("   ")
     assert not widget.save_edit_button.isEnabled()
+
+
+def test_edit_keys_enter_saves_and_escape_cancels(view, qtbot):
+    view.set_messages([user(1, "Question")])
+    widget = view.message_widget(1)
+    widget.start_editing()
+    qtbot.keyClicks(widget.editor, " again")
+    with qtbot.waitSignal(view.editRequested) as blocker:
+        qtbot.keyClick(widget.editor, Qt.Key.Key_Return)
+    assert blocker.args == [1, "Question again"]
+    widget.start_editing()
+    with qtbot.assertNotEmitted(view.editRequested):
+        qtbot.keyClick(widget.editor, Qt.Key.Key_Escape)
+    assert not widget.editing

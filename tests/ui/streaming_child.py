@@ -1,0 +1,36 @@
+"""Run by test_crash_recovery in a subprocess: start the app, send one long message, keep
+streaming until the parent kills the process."""
+
+from __future__ import annotations
+
+import sys
+
+from app.main import create_main_window
+from app.ui.qt import QTimer, QtWidgets
+
+
+def main(data_dir: str, model: str) -> None:
+    window = create_main_window(["--data-dir", data_dir, "--model", model])
+    controller = window.controller
+    controller._alert = lambda title, text: print(f"alert: {title}: {text}", flush=True)
+    app = QtWidgets.QApplication.instance()
+
+    def send_when_ready() -> None:
+        if controller.model_info is None:
+            return
+        timer.stop()
+        controller.store.update_chat_settings(controller.current_chat_id,
+                                              {"max_tokens": 2000, "temperature": 1.0})
+        window.composer.set_text("Tell me a very long story about a lighthouse.")
+        window.composer.findChild(QtWidgets.QPushButton, "sendButton").click()
+        print("sent", flush=True)
+
+    timer = QTimer()
+    timer.timeout.connect(send_when_ready)
+    timer.start(50)
+    window.show()
+    app.exec()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -54,6 +54,9 @@ class EngineConfig:
     # decode pass (inter-token latency stays within it, prefill still moves).
     interleave_ratio: float = 2.0
     max_batch: int = 16  # running requests decoding together
+    # Most tokens one conversation may hold (prompt + reply); None = the model's full context.
+    # Smaller keeps long prompts quick on a slow machine.
+    context_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.prefill_chunk < 1 or self.min_interleave_chunk < 1:
@@ -62,6 +65,8 @@ class EngineConfig:
             raise ValueError("the KV pool must hold at least two pages")
         if self.interleave_ratio < 1:
             raise ValueError("interleave_ratio must be at least 1")
+        if self.context_limit is not None and self.context_limit < 64:
+            raise ValueError("the context limit must be at least 64 tokens")
 
 
 class Engine:
@@ -149,7 +154,8 @@ class Engine:
 
     @property
     def context_length(self) -> int:
-        return self.loaded.context_length
+        limit = self.config.context_limit
+        return min(self.loaded.context_length, limit) if limit else self.loaded.context_length
 
     # ---- commands ----------------------------------------------------------------------
 

@@ -48,8 +48,9 @@ class ModelSession:
         loaded = self._loaded
         if loaded is None:
             return None
+        context = self._runner.engine.context_length if self._runner else loaded.context_length
         return ModelInfo(str(loaded.path), loaded.name, loaded.architecture, str(loaded.device),
-                         dtype_name(loaded.dtype), loaded.context_length, loaded.load_seconds)
+                         dtype_name(loaded.dtype), context, loaded.load_seconds)
 
     def load(self, path: str | Path, device: str = "auto", dtype: str = "auto",
              engine_config: EngineConfig | None = None) -> ModelInfo:

@@ -30,7 +30,7 @@ MIN_REPLY_TOKENS = 16
 
 class EngineBridge(QObject):
     # -> worker (queued)
-    _load = Signal(str, str, str, int)
+    _load = Signal(str, str, str, int, int)
     _submit = Signal(str, object, object)
     _count = Signal(str, str)
     _read_document = Signal(str, str)
@@ -74,8 +74,9 @@ class EngineBridge(QObject):
         self._prepare_embedded.emit(models_dir)
 
     def load(self, path: str, device: str = "auto", dtype: str = "auto",
-             prefill_chunk: int = 512) -> None:
-        self._load.emit(path, device, dtype, prefill_chunk)
+             prefill_chunk: int = 512, context_size: int = 0) -> None:
+        """context_size 0 = the model's full context."""
+        self._load.emit(path, device, dtype, prefill_chunk, context_size)
 
     def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams) -> None:
         self._submit.emit(request_id, tuple(messages), params)
@@ -112,11 +113,13 @@ class EngineBridge(QObject):
             return
         self.embeddedReady.emit(str(path))
 
-    @Slot(str, str, str, int)
-    def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int) -> None:
+    @Slot(str, str, str, int, int)
+    def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,
+                 context_size: int) -> None:
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
         try:
-            info = self.session.load(path, device, dtype, EngineConfig(prefill_chunk=prefill_chunk))
+            config = EngineConfig(prefill_chunk=prefill_chunk, context_limit=context_size or None)
+            info = self.session.load(path, device, dtype, config)
         except (ModelError, ValueError, OSError, RuntimeError) as exc:
             self.modelFailed.emit(str(exc))
             return

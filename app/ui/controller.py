@@ -31,7 +31,7 @@ EMBEDDED_KEY = "embedded"
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed")
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_k": 64, "top_p": 0.95, "min_p": 0.0,
                     "max_tokens": 1024, "seed": None}
-ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512}
+ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512, "context_size": 0}
 
 
 @dataclass
@@ -93,6 +93,7 @@ class ChatController(QObject):
         w.message_view.copied.connect(lambda _: w.statusBar().showMessage("Copied", 2000))
         w.model_picker.activated.connect(self._on_model_picked)
         w.add_model_action.triggered.connect(self._choose_model_file)
+        w.remove_model_action.triggered.connect(self.remove_current_model)
         w.settings_action.triggered.connect(self._open_preferences)
         w.chat_settings_action.triggered.connect(self._open_chat_settings)
         w.import_action.triggered.connect(self._import_chat)
@@ -132,9 +133,49 @@ class ChatController(QObject):
     def engine_settings(self) -> dict:
         settings = dict(ENGINE_DEFAULTS)
         settings.update(self.store.get_setting("engine", {}) or {})
+        context = self.model_defaults().get("context_size")
+        if context is not None:  # remembered for this model
+            settings["context_size"] = context
         if self.device_override:
             settings["device"] = self.device_override
         return settings
+
+    # Per-model defaults (context size, sampling): the built-in model's live in the settings,
+    # an added model's in its record.
+
+    def _model_record(self):
+        key = self.window.model_picker.currentData()
+        return next((m for m in self.store.list_models() if m.path == key), None)
+
+    def model_defaults(self) -> dict:
+        record = self._model_record()
+        if record is not None:
+            return dict(record.defaults)
+        return dict(self.store.get_setting("model_defaults:embedded", {}) or {})
+
+    def save_model_defaults(self, changes: dict) -> None:
+        record = self._model_record()
+        if record is not None:
+            self.store.update_model_defaults(record.id, changes)
+        else:
+            merged = self.model_defaults()
+            merged.update(changes)
+            self.store.set_setting("model_defaults:embedded", merged)
+
+    def remove_current_model(self) -> None:
+        """Forget the selected added model (its file stays) and go back to the built-in one."""
+        record = self._model_record()
+        if record is None:
+            self._alert("Remove model", "The built-in model cannot be removed.")
+            return
+        if not self._confirm("Remove model", f"Remove {record.name} from the list? The file "
+                             f"{record.path} stays where it is."):
+            return
+        self.store.remove_model(record.id)
+        self.store.set_setting("model", EMBEDDED_KEY)
+        self.model_override = None
+        self.refresh_models()
+        self.load_selected_model()
 
     def refresh_models(self) -> None:
         picker = self.window.model_picker
@@ -161,7 +202,8 @@ class ChatController(QObject):
 
     def _load_path(self, path: str) -> None:
         settings = self.engine_settings()
-        self.bridge.load(path, settings["device"], settings["dtype"], int(settings["prefill_chunk"]))
+        self.bridge.load(path, settings["device"], settings["dtype"], int(settings["prefill_chunk"]),
+                         int(settings.get("context_size") or 0))
 
     def _on_embedded_progress(self, done: int, total: int) -> None:
         self.window.model_status.setText(
@@ -273,8 +315,10 @@ class ChatController(QObject):
         self.window.composer.focus_input()
 
     def _default_chat_settings(self) -> dict:
+        """Sampling for a new chat: built-in defaults < app-wide < this model's."""
         settings = dict(DEFAULT_SAMPLING)
         settings.update(self.store.get_setting("defaults", {}) or {})
+        settings.update({k: v for k, v in self.model_defaults().items() if k in SAMPLING_KEYS})
         return settings
 
     def _on_chat_selected(self, current, _previous) -> None:
@@ -592,15 +636,48 @@ class ChatController(QObject):
             self._fail(reply, message)
 
     def _on_context_overflow(self, request_id: str, prompt_tokens: int, context: int) -> None:
+        """Never truncate silently: say how far over it is and let the person choose."""
         reply = self.replies.get(request_id)
         if reply is None:
             return
         over = prompt_tokens - context
+        room = min(self._sampling_params(self.store.get_chat(reply.chat_id)).max_tokens, 1024)
         message = (f"This conversation is {prompt_tokens:,} tokens but the model holds "
                    f"{context:,}{f' ({over:,} over)' if over > 0 else ''}, leaving no room for "
-                   "a reply. Remove an attachment, edit an earlier message, or start a new chat.")
+                   "a reply.")
         self._fail(reply, message)
-        self._alert("The conversation is too long", message)
+        user = self.store.get_message(self.store.get_message(reply.message_id).parent_id)
+        if user.attachments and self._confirm(
+                "The documents do not fit",
+                f"{message}\n\nShorten the attached documents to fit? The end of the longest "
+                f"one is cut ({over + room:,} tokens), and the cut is marked. Your original "
+                "message stays available as an earlier version."):
+            self._shorten_and_resend(user, over + room)
+        elif not user.attachments:
+            self._alert("The conversation is too long", message + " Edit an earlier message or "
+                        "start a new chat.")
+
+    def _shorten_and_resend(self, user, cut_tokens: int) -> None:
+        """A new version of `user` whose attachments lose `cut_tokens`, longest first."""
+        attachments = sorted(user.attachments, key=lambda a: a.token_count, reverse=True)
+        shortened = []
+        for a in attachments:
+            text, tokens = a.text, a.token_count
+            if cut_tokens > 0 and tokens > 0:
+                take = min(tokens, cut_tokens)
+                keep_chars = int(len(text) * (tokens - take) / tokens * 0.95)
+                text = text[:keep_chars] + ("\n[… the rest of this document was cut to fit the "
+                                            "model's context]" if keep_chars else "")
+                cut_tokens -= take
+                tokens -= take
+            if text:
+                shortened.append(NewAttachment(a.name, a.kind, text, tokens, a.size_bytes))
+        order = {a.name: i for i, a in enumerate(user.attachments)}
+        shortened.sort(key=lambda a: order.get(a.name, 0))
+        with self.store.transaction():
+            self.store.add_version(user.id, user.content, attachments=shortened)
+            reply = self.store.add_message(user.chat_id, "assistant", "", status="streaming")
+        self._start_reply(user.chat_id, reply.id)
 
     def _update_context_meter(self) -> None:
         meter = self.window.context_meter
@@ -693,16 +770,18 @@ class ChatController(QObject):
         dialog = ChatSettingsDialog(values, self.window)
         if dialog.exec():
             self.store.update_chat_settings(chat.id, dialog.values())
-            if dialog.make_default():
-                defaults = {k: v for k, v in dialog.values().items() if k in SAMPLING_KEYS}
-                self.store.set_setting("defaults", defaults)
+            if dialog.make_default():  # remembered for the current model
+                self.save_model_defaults({k: v for k, v in dialog.values().items()
+                                          if k in SAMPLING_KEYS})
 
     def _open_preferences(self) -> None:
         from app.ui.settings_dialogs import PreferencesDialog
 
         dialog = PreferencesDialog(self.engine_settings(), self.window)
         if dialog.exec():
-            self.store.set_setting("engine", dialog.values())
+            values = dialog.values()
+            self.save_model_defaults({"context_size": values.pop("context_size")})
+            self.store.set_setting("engine", values)
             if not self.replies or self._confirm("Reload the model?",
                                                  "Running replies will be stopped."):
                 self.load_selected_model()

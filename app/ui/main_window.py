@@ -101,6 +101,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.add_model_button.setText("Add model…")
         self.chat_settings_button = QtWidgets.QToolButton()
         self.chat_settings_button.setText("Chat settings…")
+        self.add_model_button.setToolTip("Add a .gguf model file (or drop one on the window)")
         bar.addWidget(self.chat_title, 1)
         bar.addWidget(QtWidgets.QLabel("Model:"))
         bar.addWidget(self.model_picker)
@@ -143,13 +144,14 @@ class MainWindow(QtWidgets.QMainWindow):
         self.export_md_action = action("Export chat as &Markdown…")
         self.export_json_action = action("Export chat as &JSON…")
         self.add_model_action = action("&Add model…")
+        self.remove_model_action = action("&Remove model from the list…")
         self.settings_action = action("&Preferences…", "Ctrl+,")
         self.chat_settings_action = action("Chat &settings…")
         self.quit_action = action("&Quit", "Ctrl+Q")
         menus = self.menuBar()
         file_menu = menus.addMenu("&File")
         for act in (self.new_chat_action, self.import_action, self.export_md_action,
-                    self.export_json_action, self.add_model_action):
+                    self.export_json_action, self.add_model_action, self.remove_model_action):
             file_menu.addAction(act)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)

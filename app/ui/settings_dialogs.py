@@ -27,7 +27,7 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         self.max_tokens = self._int(values.get("max_tokens", 1024), 1, 32_768, "")
         self.seed = QtWidgets.QLineEdit("" if values.get("seed") is None else str(values["seed"]))
         self.seed.setPlaceholderText("random")
-        self.as_default = QtWidgets.QCheckBox("Use these sampling settings for new chats")
+        self.as_default = QtWidgets.QCheckBox("Use these sampling settings for new chats with this model")
         form.addRow("System prompt:", self.system_prompt)
         form.addRow("Temperature:", self.temperature)
         form.addRow("Top-k:", self.top_k)
@@ -100,9 +100,18 @@ class PreferencesDialog(QtWidgets.QDialog):
         self.prefill_chunk.setValue(int(values.get("prefill_chunk", 512)))
         self.prefill_chunk.setToolTip("Most prompt tokens read in one step while no other chat "
                                       "is writing; smaller keeps other chats smoother")
+        self.context_size = QtWidgets.QSpinBox()
+        self.context_size.setRange(0, 1_048_576)
+        self.context_size.setSingleStep(1024)
+        self.context_size.setSpecialValueText("the model's full context")
+        self.context_size.setValue(int(values.get("context_size", 0) or 0))
+        self.context_size.setToolTip("Most tokens one conversation may hold (remembered for "
+                                     "this model); smaller keeps long documents quick on a "
+                                     "slow machine")
         form.addRow("Device:", self.device)
         form.addRow("Precision:", self.dtype)
         form.addRow("Prefill chunk (tokens):", self.prefill_chunk)
+        form.addRow("Context size (tokens):", self.context_size)
         buttons = QtWidgets.QDialogButtonBox(QtWidgets.QDialogButtonBox.Ok
                                              | QtWidgets.QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
@@ -114,4 +123,5 @@ class PreferencesDialog(QtWidgets.QDialog):
 
     def values(self) -> dict:
         return {"device": self.device.currentText(), "dtype": self.dtype.currentText(),
-                "prefill_chunk": self.prefill_chunk.value()}
+                "prefill_chunk": self.prefill_chunk.value(),
+                "context_size": self.context_size.value()}

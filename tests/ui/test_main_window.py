@@ -179,3 +179,38 @@ def test_search_filters_chats_by_text(driver, name):
     driver.qtbot.waitUntil(lambda: driver.window.chat_list.count() == 1, timeout=5_000)
     assert "Apples" in driver.window.chat_list.item(0).text()
     assert isinstance(search, QtWidgets.QLineEdit)
+
+
+def test_a_document_larger_than_the_context_is_shortened_only_when_chosen(open_window, tmp_path):
+    from app.storage import ChatStore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with ChatStore(data) as store:  # a 2,048-token context keeps this quick on 2 cores
+        store.set_setting("engine", {"context_size": 2048})
+    driver = open_window(data)
+    driver.wait_for_model()
+    controller = driver.controller
+    assert controller.model_info.context_length == 2048
+    big = tmp_path / "book.txt"
+    big.write_text("Chapter one begins on a quiet morning by the harbour. " * 300)  # ~3.3k tokens
+    controller.add_files([str(big)])
+    chat = controller.current_chat_id
+    driver.qtbot.waitUntil(lambda: bool(controller.pending.get(chat)
+                                        and controller.pending[chat][0].tokens), timeout=60_000)
+    chip = driver.window.composer.attachment_chips()[0]
+    assert "over the context" in chip.chip.warning
+    asked = []
+    controller._confirm = lambda title, text: asked.append(text) or False  # the person declines
+    driver.set_max_tokens(4)
+    driver.type_and_send("What happens?")
+    driver.wait_until_idle()
+    assert "over" in asked[0] and driver.path()[-1].status == "error"
+    assert len(driver.path()) == 2  # nothing was cut or resent
+    controller._confirm = lambda title, text: True  # now they choose to shorten
+    controller.regenerate(driver.path()[-1].id)
+    driver.wait_until_idle(timeout=600_000)
+    user, reply = driver.path()
+    assert driver.store.versions(user.id).count == 2  # the original stays as a version
+    assert "cut to fit" in user.attachments[0].text
+    assert reply.status == "complete"

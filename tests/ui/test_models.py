@@ -1,0 +1,62 @@
+"""Model management in the window: add, refuse, remove, switch, remember per-model defaults."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+
+from tests.gguf_factory import write_gguf
+
+
+def test_adding_a_valid_model_lists_it_and_switches_to_it(driver, embedded_model_path, tmp_path):
+    copy = tmp_path / "my-gemma.gguf"
+    shutil.copy(embedded_model_path, copy)
+    controller = driver.controller
+    controller.add_files([str(copy)])  # dropping a .gguf offers to add it (confirmed)
+    driver.qtbot.waitUntil(lambda: bool(driver.store.list_models()), timeout=30_000)
+    record = driver.store.list_models()[0]
+    assert (record.name, record.architecture, record.context_length) == ("Gemma 3 270m", "gemma3", 32768)
+    assert record.quantization and record.size_bytes == copy.stat().st_size
+    picker = driver.find("modelPicker")
+    assert picker.currentData() == str(copy)
+    driver.qtbot.waitUntil(lambda: controller.model_info is not None
+                           and controller.model_info.path == str(copy), timeout=60_000)
+    assert controller.pending.get(controller.current_chat_id, []) == []  # not a document
+
+
+def test_broken_and_unsupported_models_are_refused_with_the_reason(driver, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
+    llama = write_gguf(tmp_path / "llama.gguf", arch="llama",
+                       metadata={"general.name": "Tiny Llama"},
+                       tensors={"output_norm.weight": np.ones(32, np.float32)})
+    driver.controller.add_files([str(broken), str(llama)])
+    driver.qtbot.waitUntil(lambda: len(driver.alerts) == 2, timeout=30_000)
+    messages = " ".join(text for _, text in driver.alerts)
+    assert "broken.gguf" in messages and "llama" in messages and "Gemma 3" in messages
+    assert driver.store.list_models() == []
+
+
+def test_removing_a_model_keeps_its_file(driver, embedded_model_path, tmp_path):
+    copy = tmp_path / "other.gguf"
+    shutil.copy(embedded_model_path, copy)
+    driver.controller.add_files([str(copy)])
+    driver.qtbot.waitUntil(lambda: bool(driver.store.list_models()), timeout=30_000)
+    driver.qtbot.waitUntil(lambda: driver.controller.model_info is not None
+                           and driver.controller.model_info.path == str(copy), timeout=60_000)
+    driver.controller.remove_current_model()
+    assert driver.store.list_models() == [] and copy.exists()
+    assert driver.find("modelPicker").currentData() == "embedded"
+
+
+def test_per_model_defaults_are_remembered(driver):
+    controller = driver.controller
+    controller.save_model_defaults({"temperature": 0.3, "context_size": 4096})
+    controller.new_chat()
+    chat = driver.store.get_chat(controller.current_chat_id)
+    assert chat.settings["temperature"] == 0.3
+    assert controller.engine_settings()["context_size"] == 4096
+    controller.load_selected_model()
+    driver.qtbot.waitUntil(lambda: controller.model_info is not None, timeout=60_000)
+    assert controller.model_info.context_length == 4096

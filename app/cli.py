@@ -1,4 +1,5 @@
-"""The headless command line: `generate` and `tokenize` (and the parser `python -m app` uses).
+"""The headless command line: `generate`, `tokenize`, `serve` and `bench` (and the parser
+`python -m app` uses).
 
 This is a user feature and a contract external checks rely on: flags and JSON keys are kept
 exactly as documented in the README. Every failure prints one clear line to stderr and exits

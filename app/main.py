@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+
+_STARTED = time.perf_counter()
 
 from app.paths import data_dir
 
@@ -21,6 +24,8 @@ def gui_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, choices=DEVICE_CHOICES)
     parser.add_argument("--self-test", action="store_true",
                         help="send one message through the GUI, print the reply, exit")
+    parser.add_argument("--exit-when-shown", action="store_true",
+                        help="print the seconds until the main window is shown, then exit")
     return parser
 
 
@@ -33,6 +38,7 @@ def _application():
         app = QtWidgets.QApplication(sys.argv[:1])
         app.setApplicationName("Ferrox Chat")
         app.setOrganizationName("Ferrox")
+        app.setDesktopFileName("ferrox-chat")  # Wayland app id = packaging/linux/ferrox-chat.desktop
         app.setWindowIcon(app_icon())
     return app
 
@@ -86,4 +92,11 @@ def run_gui(argv: list[str] | None = None) -> int:
 
         return run_self_test(window, app)
     window.show()
+    if args.exit_when_shown:
+        def shown() -> None:
+            print(f"window shown after {time.perf_counter() - _STARTED:.3f} s", flush=True)
+            window.close()
+            app.quit()
+
+        QtCore.QTimer.singleShot(0, shown)
     return app.exec()

@@ -170,7 +170,9 @@ def file_mime(*urls: QtCore.QUrl) -> QtCore.QMimeData:
 
 
 def drag_event(kind, mime: QtCore.QMimeData):
-    return kind(QtCore.QPointF(20, 20), Qt.DropAction.CopyAction, mime,
+    # Qt 6: drag enter/move events take a QPoint, a drop event a QPointF.
+    point = QtCore.QPointF(20, 20) if kind is QtGui.QDropEvent else QtCore.QPoint(20, 20)
+    return kind(point, Qt.DropAction.CopyAction, mime,
                 Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
 
 

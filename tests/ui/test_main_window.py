@@ -99,13 +99,17 @@ def test_regenerate_and_edit_keep_every_version(driver):
     controller = driver.controller
     driver.set_max_tokens(6)
     driver.store.update_chat_settings(controller.current_chat_id, {"temperature": 1.0})
-    driver.type_and_send("Name a colour")
+    question = ("Name a colour that you like, and say in a few words why it would be a good "
+                "colour for the kitchen wall of a small flat")  # longer than two 16-token pages
+    driver.type_and_send(question)
     driver.wait_until_idle()
     first_reply = driver.path()[-1]
     controller.regenerate(first_reply.id)
     driver.wait_until_idle()
     versions = driver.store.versions(driver.path()[-1].id)
     assert versions.count == 2 and versions.index == 1
+    # The same prompt again: the engine reused the KV it already had for it.
+    assert driver.path()[-1].metadata["cached_tokens"] > 0
     controller.switch_version(driver.path()[-1].id, -1)
     assert driver.path()[-1].id == first_reply.id
     user = driver.path()[0]
@@ -115,7 +119,7 @@ def test_regenerate_and_edit_keep_every_version(driver):
     assert path[0].content == "Name an animal"
     assert driver.store.versions(path[0].id).count == 2
     controller.switch_version(path[0].id, -1)
-    assert [m.content for m in driver.path()][0] == "Name a colour"
+    assert [m.content for m in driver.path()][0] == question
     assert driver.store.versions(driver.path()[-1].id).count == 2  # both replies still there
 
 

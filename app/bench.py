@@ -15,7 +15,6 @@ Speed targets are checked here, never by timed assertions in tests.
 
 from __future__ import annotations
 
-import json
 import resource
 import statistics
 import sys
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.engine import Engine, EngineConfig
-from app.engine.events import Finished, PrefillProgress, Token
+from app.engine.events import Finished, Token
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message, encode_chat
 from app.models.loader import LoadedModel

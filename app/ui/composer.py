@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from app.ui.qt import QtCore, QtGui, QtWidgets, Qt, Signal
+from app.ui.qt import Qt, QtCore, QtGui, QtWidgets, Signal
 from app.ui.resources import danger_color
 from app.ui.view_models import AttachmentChip
 

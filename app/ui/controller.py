@@ -10,39 +10,33 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from app.documents import Document, format_for_prompt
 from app.engine.events import Failed, Finished, PrefillProgress, Queued, Token
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message as PromptMessage
-from app.models.embedded import EMBEDDED_MODEL_NAME
-from app.paths import models_dir
 from app.storage import ChatStore, NewAttachment, StorageError
 from app.ui.bridge import EngineBridge
+from app.ui.defaults import DEFAULT_SAMPLING, SAMPLING_KEYS
+from app.ui.dialog_actions import DialogActions
+from app.ui.document_actions import DocumentActions, PendingAttachment
 from app.ui.main_window import MainWindow
-from app.ui.qt import QObject, QTimer, Qt, QtWidgets
+from app.ui.model_actions import ModelActions
+from app.ui.qt import QObject, Qt, QTimer, QtWidgets
 from app.ui.replies import ActiveReply, ReplyBook
-from app.ui.view_models import (COMPLETE, ERROR, PREFILLING, QUEUED, STOPPED, STREAMING,
-                                AttachmentChip, MessageItem)
-
-EMBEDDED_KEY = "embedded"
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed")
-DEFAULT_SAMPLING = {"temperature": 1.0, "top_k": 64, "top_p": 0.95, "min_p": 0.0,
-                    "max_tokens": 1024, "seed": None}
-ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512, "context_size": 0}
-
-
-@dataclass
-class PendingAttachment:
-    key: str
-    name: str
-    document: Document | None = None
-    tokens: int | None = None
+from app.ui.view_models import (
+    COMPLETE,
+    ERROR,
+    PREFILLING,
+    QUEUED,
+    STOPPED,
+    STREAMING,
+    MessageItem,
+)
 
 
-class ChatController(QObject):
+class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
     """A QObject living in the GUI thread: the bridge's signals, emitted from the worker and
     engine threads, reach its methods queued onto the GUI thread. (Connected to a plain
     Python object they would run on the emitting thread.)"""
@@ -127,151 +121,6 @@ class ChatController(QObject):
             self.new_chat()
         self._update_send_state()
         self.load_selected_model()
-
-    # ---- models ------------------------------------------------------------------------
-
-    def engine_settings(self) -> dict:
-        settings = dict(ENGINE_DEFAULTS)
-        settings.update(self.store.get_setting("engine", {}) or {})
-        context = self.model_defaults().get("context_size")
-        if context is not None:  # remembered for this model
-            settings["context_size"] = context
-        if self.device_override:
-            settings["device"] = self.device_override
-        return settings
-
-    # Per-model defaults (context size, sampling): the built-in model's live in the settings,
-    # an added model's in its record.
-
-    def _model_record(self):
-        key = self.window.model_picker.currentData()
-        return next((m for m in self.store.list_models() if m.path == key), None)
-
-    def model_defaults(self) -> dict:
-        record = self._model_record()
-        if record is not None:
-            return dict(record.defaults)
-        return dict(self.store.get_setting("model_defaults:embedded", {}) or {})
-
-    def save_model_defaults(self, changes: dict) -> None:
-        record = self._model_record()
-        if record is not None:
-            self.store.update_model_defaults(record.id, changes)
-        else:
-            merged = self.model_defaults()
-            merged.update(changes)
-            self.store.set_setting("model_defaults:embedded", merged)
-
-    def remove_current_model(self) -> None:
-        """Forget the selected added model (its file stays) and go back to the built-in one."""
-        record = self._model_record()
-        if record is None:
-            self._alert("Remove model", "The built-in model cannot be removed.")
-            return
-        if not self._confirm("Remove model", f"Remove {record.name} from the list? The file "
-                             f"{record.path} stays where it is."):
-            return
-        self.store.remove_model(record.id)
-        self.store.set_setting("model", EMBEDDED_KEY)
-        self.model_override = None
-        self.refresh_models()
-        self.load_selected_model()
-
-    def refresh_models(self) -> None:
-        picker = self.window.model_picker
-        picker.clear()
-        picker.addItem("Gemma 3 270M (built in)", EMBEDDED_KEY)
-        for record in self.store.list_models():
-            picker.addItem(record.name, record.path)
-            picker.setItemData(picker.count() - 1, record.path, Qt.ToolTipRole)
-        wanted = self.model_override or self.store.get_setting("model", EMBEDDED_KEY)
-        if wanted not in (EMBEDDED_KEY, "default") and picker.findData(wanted) < 0:
-            picker.addItem(Path(wanted).name, wanted)
-        index = picker.findData(EMBEDDED_KEY if wanted == "default" else wanted)
-        picker.setCurrentIndex(max(index, 0))
-
-    def load_selected_model(self) -> None:
-        key = self.window.model_picker.currentData()
-        self.model_info = None
-        self._update_send_state()
-        if key == EMBEDDED_KEY:
-            self.window.model_status.setText("Preparing the built-in model…")
-            self.bridge.prepare_embedded(str(models_dir(self.data_dir)))
-        else:
-            self._load_path(key)
-
-    def _load_path(self, path: str) -> None:
-        settings = self.engine_settings()
-        self.bridge.load(path, settings["device"], settings["dtype"], int(settings["prefill_chunk"]),
-                         int(settings.get("context_size") or 0))
-
-    def _on_embedded_progress(self, done: int, total: int) -> None:
-        self.window.model_status.setText(
-            f"Preparing the built-in model… {100 * done // max(total, 1)}%")
-
-    def _on_embedded_ready(self, path: str) -> None:
-        self._load_path(path)
-
-    def _on_model_loading(self, message: str) -> None:
-        self.window.model_status.setText(message)
-
-    def _on_model_loaded(self, info) -> None:
-        self.model_info = info
-        picker = self.window.model_picker
-        if picker.currentData() != EMBEDDED_KEY:
-            picker.setItemText(picker.currentIndex(), info.name)
-        self.model_error = ""
-        self.window.model_status.setText(f"{info.name} ready (loaded in {info.load_seconds:.1f} s)")
-        self.window.device_label.setText(f"{info.device} · {info.dtype}")
-        self._update_send_state()
-        self._update_context_meter()
-        for chip in self._pending_for(self.current_chat_id):  # count what waited for a model
-            if chip.document is not None and chip.tokens is None:
-                self.bridge.count_tokens(chip.key, format_for_prompt(chip.document))
-
-    def _on_model_failed(self, message: str) -> None:
-        self.model_info = None
-        self.model_error = message
-        self.window.model_status.setText("No model loaded")
-        self._update_send_state()
-        self._alert("The model could not be loaded", message)
-
-    def _on_model_picked(self, _index: int) -> None:
-        key = self.window.model_picker.currentData()
-        if self.replies and not self._confirm(
-                "Switch models?", f"{len(self.replies)} repl{'y is' if len(self.replies) == 1 else 'ies are'} "
-                "still being written. Stop them and switch?"):
-            self.refresh_models()
-            return
-        self.store.set_setting("model", key)
-        self.model_override = None
-        self.load_selected_model()
-
-    def _choose_model_file(self) -> None:
-        path, _ = QtWidgets.QFileDialog.getOpenFileName(self.window, "Add a model", str(Path.home()),
-                                                        "GGUF models (*.gguf)")
-        if path:
-            self.bridge.inspect_model(path)
-
-    def _on_model_inspected(self, path: str, facts) -> None:
-        try:
-            record = self.store.add_model(path, {
-                "name": facts.name, "architecture": facts.architecture,
-                "size_bytes": facts.size_bytes, "quantization": facts.quantization,
-                "context_length": facts.context_length})
-        except StorageError as exc:
-            self._alert("Could not add the model", str(exc))
-            return
-        self.window.statusBar().showMessage(f"Added {facts.describe()}", 8000)
-        self.refresh_models()
-        index = self.window.model_picker.findData(record.path)
-        if index >= 0:
-            self.window.model_picker.setCurrentIndex(index)
-            self._on_model_picked(index)
-
-    def _on_model_rejected(self, path: str, message: str) -> None:
-        self._alert("This model cannot be added",
-                                      f"{Path(path).name}: {message}")
 
     # ---- chat list ---------------------------------------------------------------------
 
@@ -635,50 +484,6 @@ class ChatController(QObject):
         if reply:
             self._fail(reply, message)
 
-    def _on_context_overflow(self, request_id: str, prompt_tokens: int, context: int) -> None:
-        """Never truncate silently: say how far over it is and let the person choose."""
-        reply = self.replies.get(request_id)
-        if reply is None:
-            return
-        over = prompt_tokens - context
-        room = min(self._sampling_params(self.store.get_chat(reply.chat_id)).max_tokens, 1024)
-        message = (f"This conversation is {prompt_tokens:,} tokens but the model holds "
-                   f"{context:,}{f' ({over:,} over)' if over > 0 else ''}, leaving no room for "
-                   "a reply.")
-        self._fail(reply, message)
-        user = self.store.get_message(self.store.get_message(reply.message_id).parent_id)
-        if user.attachments and self._confirm(
-                "The documents do not fit",
-                f"{message}\n\nShorten the attached documents to fit? The end of the longest "
-                f"one is cut ({over + room:,} tokens), and the cut is marked. Your original "
-                "message stays available as an earlier version."):
-            self._shorten_and_resend(user, over + room)
-        elif not user.attachments:
-            self._alert("The conversation is too long", message + " Edit an earlier message or "
-                        "start a new chat.")
-
-    def _shorten_and_resend(self, user, cut_tokens: int) -> None:
-        """A new version of `user` whose attachments lose `cut_tokens`, longest first."""
-        attachments = sorted(user.attachments, key=lambda a: a.token_count, reverse=True)
-        shortened = []
-        for a in attachments:
-            text, tokens = a.text, a.token_count
-            if cut_tokens > 0 and tokens > 0:
-                take = min(tokens, cut_tokens)
-                keep_chars = int(len(text) * (tokens - take) / tokens * 0.95)
-                text = text[:keep_chars] + ("\n[… the rest of this document was cut to fit the "
-                                            "model's context]" if keep_chars else "")
-                cut_tokens -= take
-                tokens -= take
-            if text:
-                shortened.append(NewAttachment(a.name, a.kind, text, tokens, a.size_bytes))
-        order = {a.name: i for i, a in enumerate(user.attachments)}
-        shortened.sort(key=lambda a: order.get(a.name, 0))
-        with self.store.transaction():
-            self.store.add_version(user.id, user.content, attachments=shortened)
-            reply = self.store.add_message(user.chat_id, "assistant", "", status="streaming")
-        self._start_reply(user.chat_id, reply.id)
-
     def _update_context_meter(self) -> None:
         meter = self.window.context_meter
         if self.model_info is None or self.current_chat_id is None:
@@ -688,145 +493,6 @@ class ChatController(QObject):
         pending = sum(max(c.tokens or 0, 0) for c in self._pending_for(self.current_chat_id))
         cached_text = f" · {cached:,} cached" if cached else ""
         meter.setText(f"{used + pending:,} / {context:,} tokens{cached_text}")
-
-    # ---- documents ---------------------------------------------------------------------
-
-    def _pending_for(self, chat_id: int | None) -> list[PendingAttachment]:
-        return self.pending.get(chat_id, []) if chat_id is not None else []
-
-    def _choose_documents(self) -> None:
-        paths, _ = QtWidgets.QFileDialog.getOpenFileNames(
-            self.window, "Attach documents", str(Path.home()),
-            "Documents (*.txt *.md *.pdf *.docx *.csv *.json *.py *.js *.ts *.c *.cpp *.rs *.go "
-            "*.java *.html *.css *.xml *.yaml *.yml *.toml);;All files (*)")
-        if paths:
-            self.add_files(paths)
-
-    def add_files(self, paths: list[str]) -> None:
-        models = [p for p in paths if p.lower().endswith(".gguf")]
-        documents = [p for p in paths if not p.lower().endswith(".gguf")]
-        for path in models:
-            if self._confirm("Add a model?", f"{Path(path).name} is a model file. Add it to the "
-                                             "model picker?"):
-                self.bridge.inspect_model(path)
-        if self.current_chat_id is None:
-            return
-        for path in documents:  # the worker reads each; a refusal comes back as a clear alert
-            key = f"att{next(self._attachment_ids)}"
-            self.pending.setdefault(self.current_chat_id, []).append(
-                PendingAttachment(key, Path(path).name))
-            self.bridge.read_document(key, path)
-        self._show_attachments()
-
-    def _find_pending(self, key: str) -> PendingAttachment | None:
-        for chips in self.pending.values():
-            for chip in chips:
-                if chip.key == key:
-                    return chip
-        return None
-
-    def _on_document_read(self, key: str, document: Document, tokens: int) -> None:
-        chip = self._find_pending(key)
-        if chip is None:
-            return
-        chip.document = document
-        chip.tokens = tokens if tokens >= 0 else None
-        self._show_attachments()
-
-    def _on_document_failed(self, key: str, message: str) -> None:
-        self._remove_attachment(key)
-        self._alert("This file cannot be attached", message)
-
-    def _remove_attachment(self, key: str) -> None:
-        for chat_id, chips in self.pending.items():
-            self.pending[chat_id] = [c for c in chips if c.key != key]
-        self._show_attachments()
-
-    def _show_attachments(self) -> None:
-        chips = self._pending_for(self.current_chat_id)
-        context = self.model_info.context_length if self.model_info else None
-        used = self._last_usage.get(self.current_chat_id, (0, 0, 0))[0] if self.current_chat_id else 0
-        total = used + sum(max(c.tokens or 0, 0) for c in chips)
-        views = []
-        for chip in chips:
-            warning = ""
-            if context and chip.tokens and total > context:
-                warning = f"{total - context:,} tokens over the context"
-            views.append(AttachmentChip(chip.key, chip.name, chip.tokens, warning))
-        self.window.composer.set_attachments(views)
-        self._update_context_meter()
-
-    # ---- chat settings, preferences, import / export -----------------------------------
-
-    def _open_chat_settings(self) -> None:
-        from app.ui.settings_dialogs import ChatSettingsDialog
-
-        if self.current_chat_id is None:
-            return
-        chat = self.store.get_chat(self.current_chat_id)
-        values = self._default_chat_settings()
-        values["system_prompt"] = ""
-        values.update(chat.settings or {})
-        dialog = ChatSettingsDialog(values, self.window)
-        if dialog.exec():
-            self.store.update_chat_settings(chat.id, dialog.values())
-            if dialog.make_default():  # remembered for the current model
-                self.save_model_defaults({k: v for k, v in dialog.values().items()
-                                          if k in SAMPLING_KEYS})
-
-    def _open_preferences(self) -> None:
-        from app.ui.settings_dialogs import PreferencesDialog
-
-        dialog = PreferencesDialog(self.engine_settings(), self.window)
-        if dialog.exec():
-            values = dialog.values()
-            self.save_model_defaults({"context_size": values.pop("context_size")})
-            self.store.set_setting("engine", values)
-            if not self.replies or self._confirm("Reload the model?",
-                                                 "Running replies will be stopped."):
-                self.load_selected_model()
-
-    def _export_chat(self, kind: str, chat_id: int | None = None) -> None:
-        from app.storage import export_json, export_markdown
-
-        chat_id = chat_id or self.current_chat_id
-        if chat_id is None:
-            return
-        chat = self.store.get_chat(chat_id)
-        suffix = ".md" if kind == "md" else ".json"
-        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in chat.title)[:60]
-        path, _ = QtWidgets.QFileDialog.getSaveFileName(self.window, "Export chat",
-                                                        str(Path.home() / f"{safe}{suffix}"))
-        if not path:
-            return
-        import json
-
-        try:
-            text = (export_markdown(self.store, chat_id) if kind == "md"
-                    else json.dumps(export_json(self.store, chat_id), indent=2, ensure_ascii=False))
-            Path(path).write_text(text, encoding="utf-8")
-        except (OSError, StorageError) as exc:
-            self._alert("Export failed", str(exc))
-            return
-        self.window.statusBar().showMessage(f"Exported to {path}", 6000)
-
-    def _import_chat(self) -> None:
-        import json
-
-        from app.storage import import_json
-
-        path, _ = QtWidgets.QFileDialog.getOpenFileName(self.window, "Import a chat",
-                                                        str(Path.home()), "Chat JSON (*.json)")
-        if not path:
-            return
-        try:
-            chat = import_json(self.store, json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError, StorageError) as exc:
-            self._alert("Import failed", f"{Path(path).name}: {exc}")
-            return
-        self.current_chat_id = chat.id
-        self.refresh_chat_list()
-        self.show_chat(chat.id)
 
     # ---- helpers and shutdown ----------------------------------------------------------
 

@@ -13,10 +13,17 @@ import re
 import time
 
 from app.ui.composer import ComposerEdit
-from app.ui.qt import QtCore, QtGui, QtWidgets, Qt, QTimer, Signal
+from app.ui.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal
 from app.ui.resources import danger_color, tint
-from app.ui.view_models import (ERROR, INTERRUPTED, PREFILLING, QUEUED, STOPPED, STREAMING,
-                                MessageItem)
+from app.ui.view_models import (
+    ERROR,
+    INTERRUPTED,
+    PREFILLING,
+    QUEUED,
+    STOPPED,
+    STREAMING,
+    MessageItem,
+)
 
 FLUSH_INTERVAL_MS = 40
 MAX_FLUSH_INTERVAL_MS = 250  # a very long reply re-renders less often, never less than 4/s

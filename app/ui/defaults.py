@@ -1,0 +1,11 @@
+"""Defaults the GUI starts from, in one place. Sampling defaults come from `SamplingParams`
+itself, so the GUI, the CLI and the engine agree."""
+
+from __future__ import annotations
+
+from app.engine.sampling import SamplingParams
+
+EMBEDDED_KEY = "embedded"  # the model picker's key for the built-in model
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed")
+DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SAMPLING_KEYS}
+ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512, "context_size": 0}

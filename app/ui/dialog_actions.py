@@ -1,0 +1,83 @@
+"""Dialogs of the controller: chat settings, preferences, import and export.
+A mixin of `ChatController`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.storage import StorageError
+from app.ui.defaults import SAMPLING_KEYS
+from app.ui.qt import QtWidgets
+
+
+class DialogActions:
+    def _open_chat_settings(self) -> None:
+        from app.ui.settings_dialogs import ChatSettingsDialog
+
+        if self.current_chat_id is None:
+            return
+        chat = self.store.get_chat(self.current_chat_id)
+        values = self._default_chat_settings()
+        values["system_prompt"] = ""
+        values.update(chat.settings or {})
+        dialog = ChatSettingsDialog(values, self.window)
+        if dialog.exec():
+            self.store.update_chat_settings(chat.id, dialog.values())
+            if dialog.make_default():  # remembered for the current model
+                self.save_model_defaults({k: v for k, v in dialog.values().items()
+                                          if k in SAMPLING_KEYS})
+
+    def _open_preferences(self) -> None:
+        from app.ui.settings_dialogs import PreferencesDialog
+
+        dialog = PreferencesDialog(self.engine_settings(), self.window)
+        if dialog.exec():
+            values = dialog.values()
+            self.save_model_defaults({"context_size": values.pop("context_size")})
+            self.store.set_setting("engine", values)
+            if not self.replies or self._confirm("Reload the model?",
+                                                 "Running replies will be stopped."):
+                self.load_selected_model()
+
+    def _export_chat(self, kind: str, chat_id: int | None = None) -> None:
+        from app.storage import export_json, export_markdown
+
+        chat_id = chat_id or self.current_chat_id
+        if chat_id is None:
+            return
+        chat = self.store.get_chat(chat_id)
+        suffix = ".md" if kind == "md" else ".json"
+        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in chat.title)[:60]
+        path, _ = QtWidgets.QFileDialog.getSaveFileName(self.window, "Export chat",
+                                                        str(Path.home() / f"{safe}{suffix}"))
+        if not path:
+            return
+        import json
+
+        try:
+            text = (export_markdown(self.store, chat_id) if kind == "md"
+                    else json.dumps(export_json(self.store, chat_id), indent=2, ensure_ascii=False))
+            Path(path).write_text(text, encoding="utf-8")
+        except (OSError, StorageError) as exc:
+            self._alert("Export failed", str(exc))
+            return
+        self.window.statusBar().showMessage(f"Exported to {path}", 6000)
+
+    def _import_chat(self) -> None:
+        import json
+
+        from app.storage import import_json
+
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(self.window, "Import a chat",
+                                                        str(Path.home()), "Chat JSON (*.json)")
+        if not path:
+            return
+        try:
+            chat = import_json(self.store, json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, StorageError) as exc:
+            self._alert("Import failed", f"{Path(path).name}: {exc}")
+            return
+        self.current_chat_id = chat.id
+        self.refresh_chat_list()
+        self.show_chat(chat.id)
+

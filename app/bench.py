@@ -101,7 +101,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run_bench(loaded: LoadedModel, decode_tokens: int = 128) -> dict:
+def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int = 400) -> dict:
     engine = Engine(loaded, EngineConfig(kv_tokens=16_384))
     greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
@@ -145,7 +145,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128) -> dict:
     engine.clear_cache()
     stream = [loaded.tokenizer.bos_id] + filler_ids(loaded, 20, salt=4)
     document = [loaded.tokenizer.bos_id] + filler_ids(loaded, 2999, salt=5)
-    traces = _drive(engine, {"stream": (stream, SamplingParams(max_tokens=400, **greedy))},
+    traces = _drive(engine, {"stream": (stream, SamplingParams(max_tokens=stream_tokens, **greedy))},
                     {"document": (8, document, SamplingParams(max_tokens=1, **greedy))})
     doc_started = traces["document"].tokens and traces["document"].tokens[0]
     stream_times = traces["stream"].tokens
@@ -174,6 +174,29 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128) -> dict:
     if loaded.device.type == "cuda":
         results["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 0)
     return results
+
+
+def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
+    """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
+    one process, so the figures are comparable."""
+    from app.engine.device import load_on
+
+    rows = []
+    for dtype in dtypes:
+        loaded = load_on(path, device, dtype)
+        engine = Engine(loaded, EngineConfig(kv_tokens=4096))
+        greedy = dict(temperature=0, ignore_eos=True)
+        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 32)
+        decode = _drive(engine, {"d": (ids, SamplingParams(max_tokens=128, **greedy))})["d"]
+        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 1023, salt=1)
+        prefill = _drive(engine, {"p": (ids, SamplingParams(max_tokens=1, **greedy))})["p"]
+        rows.append({"dtype": dtype, "weights": str(loaded.dtype).removeprefix("torch."),
+                     "load_s": round(loaded.load_seconds, 2),
+                     "decode_tokens_per_s": round(decode.finished.timings.decode_tokens_per_s, 1),
+                     "prefill_1024_s": round(prefill.finished.timings.prefill_s, 2)})
+        loaded.unload()
+        del engine, loaded
+    return rows
 
 
 def print_table(results: dict) -> None:

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure decode, prefill, cache reuse and latency")
     add_model_options(bench)
     bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--compare-dtypes", metavar="LIST",
+                       help="instead: load, decode and prefill figures for each weight dtype, "
+                            "e.g. float32,auto,float16")
 
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible API on this machine")
     add_model_options(srv)
@@ -189,7 +192,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from app.bench import print_table, run_bench
     from app.engine.device import load_on
 
-    loaded = load_on(resolve_model_path(args.model, args.data_dir), args.device, args.dtype)
+    path = resolve_model_path(args.model, args.data_dir)
+    if args.compare_dtypes:
+        from app.bench import run_dtype_comparison
+
+        rows = run_dtype_comparison(path, args.device, args.compare_dtypes.split(","))
+        for row in rows:
+            print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
+        return 0
+    loaded = load_on(path, args.device, args.dtype)
     if not args.json:
         print(f"Benchmarking {loaded.name} on {loaded.device} ...", file=sys.stderr)
     results = run_bench(loaded)

@@ -1,0 +1,24 @@
+"""The benchmark runs end to end and reports every figure (on the tiny model: figures here
+are not speed claims; `python -m app bench` on the real model makes those)."""
+
+from __future__ import annotations
+
+from app.bench import run_bench
+from app.models.gguf_file import GGUFFile
+from app.models.tokenizer import Tokenizer
+from tests.engine.conftest import make_tiny_model
+
+FIGURES = ["decode_tokens_per_s", "prefill_tokens_per_s", "follow_up_ttft_cold_s",
+           "follow_up_ttft_warm_s", "follow_up_cached_tokens", "itl_solo_p50_ms",
+           "itl_solo_p95_ms", "itl_during_prefill_p95_ms", "aggregate_4_streams_tokens_per_s",
+           "peak_rss_mb"]
+
+
+def test_bench_reports_every_figure(embedded_model_path):
+    with GGUFFile(embedded_model_path) as gguf:
+        tiny = make_tiny_model(Tokenizer.from_gguf(gguf))
+    results = run_bench(tiny, decode_tokens=16, stream_tokens=40)
+    for key in FIGURES:
+        assert results[key] is not None and results[key] >= 0, key
+    # The follow-up adopted almost all of the ~1,900-token conversation.
+    assert results["follow_up_cached_tokens"] > 0.9 * results["follow_up_prompt_tokens"]

@@ -41,13 +41,13 @@ _SENTENCES = [
 ]
 
 
-def filler_ids(loaded: LoadedModel, n_tokens: int, salt: int = 0) -> list[int]:
+def filler_ids(tokenizer, n_tokens: int, salt: int = 0) -> list[int]:
     """About `n_tokens` of ordinary prose (no BOS), varied by `salt` so prompts differ."""
     ids: list[int] = []
     i = salt
     while len(ids) < n_tokens:
         sentence = _SENTENCES[i % len(_SENTENCES)]
-        ids += loaded.tokenizer.encode(f"{i}. {sentence} ")
+        ids += tokenizer.encode(f"{i}. {sentence} ")
         i += 1
     return ids[:n_tokens]
 
@@ -103,28 +103,29 @@ def _pct(values: list[float], q: float) -> float:
 
 def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int = 400) -> dict:
     engine = Engine(loaded, EngineConfig(kv_tokens=16_384))
+    tok = loaded.tokenizer
     greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
                      "dtype": str(loaded.dtype).removeprefix("torch."),
                      "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
 
     # 1. decode, one stream
-    ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 32)
+    ids = [tok.bos_id] + filler_ids(tok, 32)
     trace = _drive(engine, {"decode": (ids, SamplingParams(max_tokens=decode_tokens, **greedy))})
     results["decode_tokens_per_s"] = round(trace["decode"].finished.timings.decode_tokens_per_s, 1)
     solo = _gaps_ms(trace["decode"].tokens)
 
     # 2. prefill 1,024 tokens
     engine.clear_cache()
-    ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 1023, salt=1)
+    ids = [tok.bos_id] + filler_ids(tok, 1023, salt=1)
     trace = _drive(engine, {"prefill": (ids, SamplingParams(max_tokens=1, **greedy))})
     prefill_s = trace["prefill"].finished.timings.prefill_s
     results["prefill_1024_s"] = round(prefill_s, 2)
     results["prefill_tokens_per_s"] = round(1024 / prefill_s, 1)
 
     # 3. follow-up turn in a ~2,000-token conversation: cold, then warm
-    history = [Message("user", loaded.tokenizer.decode(filler_ids(loaded, 1000, salt=2))),
-               Message("assistant", loaded.tokenizer.decode(filler_ids(loaded, 900, salt=3)))]
+    history = [Message("user", tok.decode(filler_ids(tok, 1000, salt=2))),
+               Message("assistant", tok.decode(filler_ids(tok, 900, salt=3)))]
     earlier = encode_chat(loaded.tokenizer, loaded.template, history, add_generation_prompt=False)
     follow = encode_chat(loaded.tokenizer, loaded.template,
                          history + [Message("user", "Summarise that in one sentence.")])
@@ -143,25 +144,28 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
 
     # 4. inter-token latency alone and during a 3,000-token prefill
     engine.clear_cache()
-    stream = [loaded.tokenizer.bos_id] + filler_ids(loaded, 20, salt=4)
-    document = [loaded.tokenizer.bos_id] + filler_ids(loaded, 2999, salt=5)
-    traces = _drive(engine, {"stream": (stream, SamplingParams(max_tokens=stream_tokens, **greedy))},
+    stream = [tok.bos_id] + filler_ids(tok, 20, salt=4)
+    document = [tok.bos_id] + filler_ids(tok, 2999, salt=5)
+    traces = _drive(engine,
+                    {"stream": (stream, SamplingParams(max_tokens=stream_tokens, **greedy))},
                     {"document": (8, document, SamplingParams(max_tokens=1, **greedy))})
-    doc_started = traces["document"].tokens and traces["document"].tokens[0]
+    doc_done = traces["document"].tokens and traces["document"].tokens[0]  # its first token
     stream_times = traces["stream"].tokens
-    during = [t for t in stream_times if t <= doc_started] if doc_started else stream_times
+    during = [t for t in stream_times if t <= doc_done] if doc_done else stream_times
     gaps_during = _gaps_ms(during[8:])  # from the document's submission to its first token
+    solo_p95, during_p95 = _pct(solo, 0.95), _pct(gaps_during, 0.95)
     results["itl_solo_p50_ms"] = round(statistics.median(solo), 1)
-    results["itl_solo_p95_ms"] = round(_pct(solo, 0.95), 1)
-    results["itl_during_prefill_p50_ms"] = round(statistics.median(gaps_during), 1) if gaps_during else None
-    results["itl_during_prefill_p95_ms"] = round(_pct(gaps_during, 0.95), 1)
-    results["itl_p95_ratio"] = round(results["itl_during_prefill_p95_ms"] / results["itl_solo_p95_ms"], 2)
+    results["itl_solo_p95_ms"] = round(solo_p95, 1)
+    results["itl_during_prefill_p50_ms"] = (round(statistics.median(gaps_during), 1)
+                                            if gaps_during else None)
+    results["itl_during_prefill_p95_ms"] = round(during_p95, 1)
+    results["itl_p95_ratio"] = round(during_p95 / solo_p95, 2) if solo_p95 else None
     results["document_prefill_while_streaming_s"] = round(
         traces["document"].finished.timings.time_to_first_token_s, 2)
 
     # 5. four streams at once
     engine.clear_cache()
-    jobs = {f"s{i}": ([loaded.tokenizer.bos_id] + filler_ids(loaded, 24, salt=10 + i),
+    jobs = {f"s{i}": ([tok.bos_id] + filler_ids(tok, 24, salt=10 + i),
                       SamplingParams(max_tokens=64, **greedy)) for i in range(4)}
     started = time.perf_counter()
     traces = _drive(engine, jobs)
@@ -186,9 +190,9 @@ def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
         loaded = load_on(path, device, dtype)
         engine = Engine(loaded, EngineConfig(kv_tokens=4096))
         greedy = dict(temperature=0, ignore_eos=True)
-        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 32)
+        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded.tokenizer, 32)
         decode = _drive(engine, {"d": (ids, SamplingParams(max_tokens=128, **greedy))})["d"]
-        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded, 1023, salt=1)
+        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded.tokenizer, 1023, salt=1)
         prefill = _drive(engine, {"p": (ids, SamplingParams(max_tokens=1, **greedy))})["p"]
         rows.append({"dtype": dtype, "weights": str(loaded.dtype).removeprefix("torch."),
                      "load_s": round(loaded.load_seconds, 2),

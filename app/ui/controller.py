@@ -106,6 +106,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         b.submitFailed.connect(self._on_submit_failed)
         b.contextOverflow.connect(self._on_context_overflow)
         b.documentRead.connect(self._on_document_read)
+        b.tokensCounted.connect(self._on_tokens_counted)
         b.documentFailed.connect(self._on_document_failed)
         b.modelInspected.connect(self._on_model_inspected)
         b.modelRejected.connect(self._on_model_rejected)

@@ -64,6 +64,13 @@ class DocumentActions:
         chip.tokens = tokens if tokens >= 0 else None
         self._show_attachments()
 
+    def _on_tokens_counted(self, key: str, tokens: int) -> None:
+        """A chip read before the model was loaded gets its count once it is."""
+        chip = self._find_pending(key)
+        if chip is not None and tokens >= 0:
+            chip.tokens = tokens
+            self._show_attachments()
+
     def _on_document_failed(self, key: str, message: str) -> None:
         self._remove_attachment(key)
         self._alert("This file cannot be attached", message)

@@ -218,3 +218,16 @@ def test_a_document_larger_than_the_context_is_shortened_only_when_chosen(open_w
     assert driver.store.versions(user.id).count == 2  # the original stays as a version
     assert "cut to fit" in user.attachments[0].text
     assert reply.status == "complete"
+
+
+def test_a_document_dropped_while_the_model_loads_gets_its_token_count(open_window, tmp_path):
+    note = tmp_path / "note.md"
+    note.write_text("# Shopping\n\n- apples\n- bread\n")
+    driver = open_window(extra=["--model", "default"])  # assembles the model first: slower
+    controller = driver.controller
+    controller.add_files([str(note)])
+    chat = controller.current_chat_id
+    driver.qtbot.waitUntil(lambda: bool(controller.pending.get(chat))
+                           and controller.pending[chat][0].tokens is not None, timeout=120_000)
+    assert controller.pending[chat][0].tokens > 5
+    driver.wait_for_model()

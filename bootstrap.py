@@ -63,9 +63,12 @@ def main() -> int:
         # torch first and pinned: a bare "torch" requirement would pull the newest build.
         run(py, "-m", "pip", "install", "--quiet", TORCH_SPEC, *torch_index())
     run(py, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test]")
-    # Put the embedded model in place now, so the first start does not wait for it.
-    run(py, "-c", "from app.paths import models_dir; from app.models.embedded import "
-                  "ensure_embedded_model; print('Model ready:', ensure_embedded_model(models_dir()))")
+    # Put the embedded model in place now (in the data folder the app will use), so the
+    # first start does not wait for it.
+    data_dir = args[args.index("--data-dir") + 1] if "--data-dir" in args[:-1] else None
+    run(py, "-c", "import sys; from app.paths import models_dir; from app.models.embedded import "
+                  "ensure_embedded_model; print('Model ready:', "
+                  "ensure_embedded_model(models_dir(sys.argv[1] or None)))", data_dir or "")
     if args[:1] == ["--run"]:
         return subprocess.call([py, "-m", "app", *args[1:]])
     return 0

@@ -9,6 +9,7 @@ which chat the message view shows.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -236,6 +237,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
 
     def show_chat(self, chat_id: int) -> None:
         self.current_chat_id = chat_id
+        for reply in self.replies.all():  # items are rebuilt for the chat now shown
+            reply.view_item = None
         chat = self.store.get_chat(chat_id)
         self.window.chat_title.setText(chat.title)
         items = [self._item_for(m) for m in self.store.active_path(chat_id)]
@@ -266,8 +269,15 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
             error=message.error or "", progress=reply.progress_text() if live else "")
 
     def _refresh_message(self, reply: ActiveReply) -> None:
-        if reply.chat_id == self.current_chat_id:
-            self.window.message_view.update_message(self._item_for(self.store.get_message(reply.message_id)))
+        """Show a live reply's progress. Called per token: the store is read once per reply
+        and view, then only the live fields change."""
+        if reply.chat_id != self.current_chat_id:
+            return
+        base = reply.view_item
+        if base is None or base.message_id != reply.message_id:
+            base = reply.view_item = self._item_for(self.store.get_message(reply.message_id))
+        self.window.message_view.update_message(replace(
+            base, text=reply.text, status=reply.state, progress=reply.progress_text()))
 
     # ---- sending -----------------------------------------------------------------------
 

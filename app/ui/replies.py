@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.ui.view_models import PREFILLING, QUEUED, STREAMING
+from app.ui.view_models import PREFILLING, QUEUED, STREAMING, MessageItem
 
 SAVE_INTERVAL_S = 0.5
 
@@ -30,6 +30,7 @@ class ActiveReply:
     first_token_at: float = 0.0
     saved_at: float = field(default_factory=time.monotonic)
     saved_text: str = ""
+    view_item: MessageItem | None = None  # what the view showed last, for cheap live updates
 
     def progress_text(self) -> str:
         if self.state == QUEUED:

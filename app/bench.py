@@ -106,7 +106,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     tok = loaded.tokenizer
     greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
-                     "dtype": str(loaded.dtype).removeprefix("torch."),
+                     "dtype": loaded.weights_label,
                      "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
 
     # 1. decode, one stream
@@ -194,7 +194,7 @@ def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
         decode = _drive(engine, {"d": (ids, SamplingParams(max_tokens=128, **greedy))})["d"]
         ids = [loaded.tokenizer.bos_id] + filler_ids(loaded.tokenizer, 1023, salt=1)
         prefill = _drive(engine, {"p": (ids, SamplingParams(max_tokens=1, **greedy))})["p"]
-        rows.append({"dtype": dtype, "weights": str(loaded.dtype).removeprefix("torch."),
+        rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),
                      "decode_tokens_per_s": round(decode.finished.timings.decode_tokens_per_s, 1),
                      "prefill_1024_s": round(prefill.finished.timings.prefill_s, 2)})

@@ -133,7 +133,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine.device import dtype_name, load_on
+    from app.engine.device import load_on
     from app.engine.generate import generate
     from app.engine.sampling import SamplingParams
     from app.models.chat_template import Message, encode_chat
@@ -171,7 +171,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(json.dumps({
         "model": loaded.name,
         "device": str(loaded.device),
-        "dtype": dtype_name(loaded.dtype),
+        "dtype": loaded.weights_label,
         "prompt_ids": result.prompt_ids,
         "completion_ids": result.completion_ids,
         "text": result.text,

@@ -3,7 +3,8 @@
 `auto` picks CUDA, then MPS, then the CPU. Weight dtype for `auto`, per device:
   - CUDA: bfloat16 where the GPU supports it, else float16;
   - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
-  - CPU: bfloat16. Decode is memory-bound, so halving the weight bytes matters most.
+  - CPU: float16 + bfloat16 for models small enough to hold both (see `load_on`), else
+    bfloat16. Decode is memory-bound, so halving the weight bytes matters most.
     Measured on the 2-core dev machine (Gemma 3 270M, see `python -m app bench`):
         weights    decode      prefill 1,024   16-token chunk
         float32    ~18 tok/s   1.8 s           --
@@ -11,7 +12,8 @@
         float16    ~50 tok/s   1.8 s           97 ms
     float16 decodes fastest but torch has no fast float16 matrix-matrix kernel on the
     CPU, so prefill and the small chunks that interleave with other chats' streams are
-    2-3x slower; bfloat16 is the balanced default, float16 a choice for one long stream.
+    2-3x slower; bfloat16 is the balanced single format. Holding both and picking per
+    product gets the best of each.
 
 Activations (and so the KV cache) stay float32 on the CPU and whenever the weights are
 float16: Gemma's activations overflow float16 (measured: all-NaN logits in pure float16),
@@ -72,22 +74,34 @@ def compute_dtype_for(weight_dtype: torch.dtype, device: torch.device) -> torch.
     return torch.float32
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def configure_cpu_threads() -> None:
     """Use every physical core for matmuls unless the user set OMP_NUM_THREADS."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 
+# `auto` on the CPU keeps two copies of the weights for model files up to this size (a Q4
+# file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16).
+DUAL_WEIGHTS_MAX_FILE_BYTES = 800 * 2**20
+
+
 def load_on(path, device: str = "auto", dtype: str = "auto"):
-    """Load a model file where the policy says: device and dtype names as the user gives them."""
+    """Load a model file where the policy says: device and dtype names as the user gives them.
+
+    `auto` on the CPU, for a small enough model, stores each weight twice: float16 for
+    decode and bfloat16 for prefill (`DualWeight`): float16's decode speed with bfloat16's
+    prefill speed, for twice the weight memory. Larger models get bfloat16 alone."""
+    from pathlib import Path
+
     from app.models.loader import load_model
 
     torch_device = resolve_device(device)
     weight_dtype = resolve_dtype(dtype, torch_device)
+    wide = None
     if torch_device.type == "cpu":
         configure_cpu_threads()
-    return load_model(path, torch_device, weight_dtype, compute_dtype_for(weight_dtype, torch_device))
+        small = Path(path).exists() and Path(path).stat().st_size <= DUAL_WEIGHTS_MAX_FILE_BYTES
+        if dtype == "auto" and small:
+            weight_dtype, wide = torch.float16, torch.bfloat16
+    return load_model(path, torch_device, weight_dtype,
+                      compute_dtype_for(weight_dtype, torch_device), wide)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.device import dtype_name, load_on
+from app.engine.device import load_on
 from app.engine.engine import Engine, EngineConfig
 from app.engine.runner import EngineRunner, Listener
 from app.engine.sampling import SamplingParams
@@ -50,7 +50,7 @@ class ModelSession:
             return None
         context = self._runner.engine.context_length if self._runner else loaded.context_length
         return ModelInfo(str(loaded.path), loaded.name, loaded.architecture, str(loaded.device),
-                         dtype_name(loaded.dtype), context, loaded.load_seconds)
+                         loaded.weights_label, context, loaded.load_seconds)
 
     def load(self, path: str | Path, device: str = "auto", dtype: str = "auto",
              engine_config: EngineConfig | None = None) -> ModelInfo:

@@ -126,6 +126,24 @@ def weights_transposed(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 _HALF_ROWS_MAX = 12
+_DUAL_NARROW_ROWS_MAX = 2
+
+
+@dataclass(frozen=True)
+class DualWeight:
+    """One [out, in] weight held twice, for the CPU: float16 for products with one or two
+    rows (decode, where torch's float16 matrix-vector kernel is the fastest it has) and
+    bfloat16 for more rows (prefill, batches: bfloat16 has the fast matrix-matrix kernel).
+    Measured on Gemma 3 270M, 2 cores: decode ~50 tok/s with 1,024-token prefill in ~0.8 s,
+    where one format alone gives either (float16: 50 tok/s, 1.8 s) or (bfloat16: 34, 0.8 s).
+    Twice the weight memory: the policy uses it for small models only."""
+
+    narrow: torch.Tensor  # float16
+    wide: torch.Tensor  # bfloat16
+
+    @property
+    def device(self) -> torch.device:
+        return self.narrow.device
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -139,6 +157,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> torch.Tensor:
     to float32 first, and a 1,024-token prefill 5.1 s against 1.8 s. So past a few rows a
     float16 weight is upcast instead. bfloat16 has fast kernels for both.
     """
+    if isinstance(w, DualWeight):
+        w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
     if x.dtype != w.dtype:
         rows = x.numel() // x.shape[-1]
         if w.dtype == torch.float16 and w.device.type == "cpu" and rows > _HALF_ROWS_MAX:
@@ -159,7 +179,10 @@ class Gemma3Layer(torch.nn.Module):
         self.window = cfg.window(index)
         self.rope_base = cfg.rope_base_local if cfg.is_sliding(index) else cfg.rope_base_global
         for name, tensor in weights.items():
-            self.register_buffer(name, tensor, persistent=False)
+            if isinstance(tensor, DualWeight):
+                setattr(self, name, tensor)
+            else:
+                self.register_buffer(name, tensor, persistent=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
                 ) -> torch.Tensor:
@@ -205,14 +228,17 @@ class Gemma3(torch.nn.Module):
     the bytes a decode step reads) and the embedding lookup gathers from it.
     """
 
-    def __init__(self, cfg: Gemma3Config, head: torch.Tensor, output_norm: torch.Tensor,
+    def __init__(self, cfg: Gemma3Config, head: torch.Tensor | DualWeight, output_norm: torch.Tensor,
                  layers: list[dict[str, torch.Tensor]], transposed: bool,
                  compute_dtype: torch.dtype):
         super().__init__()
         self.cfg = cfg
         self.transposed = transposed
         self.compute_dtype = compute_dtype  # activations and KV; weights may be narrower
-        self.register_buffer("head", head, persistent=False)
+        if isinstance(head, DualWeight):
+            self.head = head
+        else:
+            self.register_buffer("head", head, persistent=False)
         self.register_buffer("output_norm", output_norm, persistent=False)
         self.layers = torch.nn.ModuleList(
             Gemma3Layer(cfg, i, w, transposed) for i, w in enumerate(layers))
@@ -220,11 +246,12 @@ class Gemma3(torch.nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.head.device
+        return self.output_norm.device
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         flat = tokens.reshape(-1)
-        x = self.head.index_select(1, flat).t() if self.transposed else self.head[flat]
+        table = self.head.narrow if isinstance(self.head, DualWeight) else self.head
+        x = table.index_select(1, flat).t() if self.transposed else table[flat]
         x = x.to(self.compute_dtype)
         # The scale is rounded to the activation dtype first, as the reference does.
         scale = torch.tensor(self.embed_scale, dtype=self.compute_dtype, device=x.device)

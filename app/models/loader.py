@@ -16,7 +16,7 @@ import torch
 from app.models.chat_template import ChatTemplate, template_for
 from app.models.dequant import dequantize
 from app.models.errors import ModelError
-from app.models.gemma3 import Gemma3, Gemma3Config, weights_transposed
+from app.models.gemma3 import DualWeight, Gemma3, Gemma3Config, weights_transposed
 from app.models.gguf_file import GGUFFile
 from app.models.model_facts import SUPPORTED_ARCHITECTURES
 from app.models.tokenizer import Tokenizer
@@ -41,8 +41,14 @@ class LoadedModel:
     tokenizer: Tokenizer
     template: ChatTemplate
     device: torch.device
-    dtype: torch.dtype  # the weights'
+    dtype: torch.dtype  # the weights' (for decode, when there is a wide copy too)
     load_seconds: float
+    wide_dtype: torch.dtype | None = None  # a second copy for prefill, see DualWeight
+
+    @property
+    def weights_label(self) -> str:
+        """e.g. "bfloat16", or "float16+bfloat16" with a wide copy."""
+        return "+".join(str(d).removeprefix("torch.") for d in (self.dtype, self.wide_dtype) if d)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -90,7 +96,7 @@ def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> Non
 
 
 def _load_gemma3(gguf: GGUFFile, cfg: Gemma3Config, device: torch.device, dtype: torch.dtype,
-                 compute_dtype: torch.dtype) -> Gemma3:
+                 compute_dtype: torch.dtype, wide_dtype: torch.dtype | None) -> Gemma3:
     d, D = cfg.d_model, cfg.head_dim
     linear_shapes = {  # [out, in] as stored
         "attn_q": (cfg.n_heads * D, d), "attn_k": (cfg.n_kv_heads * D, d),
@@ -100,7 +106,9 @@ def _load_gemma3(gguf: GGUFFile, cfg: Gemma3Config, device: torch.device, dtype:
     norm_shapes = {"attn_q_norm": (D,), "attn_k_norm": (D,)}
     transposed = weights_transposed(device, dtype)
 
-    def as_linear(w: torch.Tensor) -> torch.Tensor:
+    def as_linear(w: torch.Tensor) -> torch.Tensor | DualWeight:
+        if wide_dtype is not None:
+            return DualWeight(w.to(dtype), w.to(wide_dtype))
         return (w.t().contiguous() if transposed else w).to(dtype)
 
     layers = []
@@ -127,9 +135,11 @@ def _load_gemma3(gguf: GGUFFile, cfg: Gemma3Config, device: torch.device, dtype:
 
 
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
-               compute_dtype: torch.dtype | None = None) -> LoadedModel:
+               compute_dtype: torch.dtype | None = None,
+               wide_dtype: torch.dtype | None = None) -> LoadedModel:
     """Load a GGUF model onto `device` with weights in `dtype` and activations in
-    `compute_dtype` (default: the weights' dtype)."""
+    `compute_dtype` (default: the weights' dtype). With `wide_dtype`, every weight is also
+    kept in that dtype for many-row products (`DualWeight`)."""
     start = time.perf_counter()
     path = Path(path)
     with GGUFFile(path) as gguf:
@@ -139,10 +149,10 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
         template = template_for(gguf.metadata, gguf.architecture)
         try:
             with torch.inference_mode():
-                model = _load_gemma3(gguf, cfg, device, dtype, compute_dtype or dtype)
+                model = _load_gemma3(gguf, cfg, device, dtype, compute_dtype or dtype, wide_dtype)
         except torch.OutOfMemoryError as exc:
             raise ModelError(f"Not enough memory on {device} to load {path.name}.") from exc
         name = str(gguf.get("general.name", path.stem))
     return LoadedModel(path=path, name=name, architecture="gemma3", model=model, config=cfg,
                        tokenizer=tokenizer, template=template, device=device, dtype=dtype,
-                       load_seconds=time.perf_counter() - start)
+                       load_seconds=time.perf_counter() - start, wide_dtype=wide_dtype)

@@ -93,7 +93,8 @@ class PreferencesDialog(QtWidgets.QDialog):
         self.dtype = QtWidgets.QComboBox()
         self.dtype.addItems(DTYPES)
         self.dtype.setCurrentText(values.get("dtype", "auto"))
-        self.dtype.setToolTip("auto: bfloat16 on the CPU and CUDA, float16 on Apple GPUs")
+        self.dtype.setToolTip("auto: float16 + bfloat16 copies on the CPU (bfloat16 alone for "
+                              "large models), bfloat16 on CUDA, float16 on Apple GPUs")
         self.prefill_chunk = QtWidgets.QSpinBox()
         self.prefill_chunk.setRange(16, 8192)
         self.prefill_chunk.setSingleStep(64)

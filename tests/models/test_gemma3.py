@@ -107,3 +107,28 @@ def test_float16_weights_stay_close_to_float32(embedded_model_path, reference, f
         assert torch.isfinite(a).all()
         assert int(a.argmax()) == int(b.argmax())
         assert (a - b).abs().max() < 0.5
+
+
+def test_auto_on_the_cpu_holds_float16_and_bfloat16_weights(embedded_model_path, reference,
+                                                           fp32_model):
+    from app.engine.device import load_on
+    from app.models.gemma3 import DualWeight, linear
+
+    dual = load_on(embedded_model_path, "cpu", "auto")
+    assert dual.weights_label == "float16+bfloat16"
+    weight = dual.model.layers[0].ffn_up
+    assert isinstance(weight, DualWeight)
+    assert weight.narrow.dtype == torch.float16 and weight.wide.dtype == torch.bfloat16
+    x = torch.randn(1, 640)
+    # One or two rows take the float16 copy, more take the bfloat16 one.
+    assert torch.equal(linear(x, weight, False), linear(x, weight.narrow, False))
+    x = torch.randn(8, 640)
+    assert torch.equal(linear(x, weight, False), linear(x, weight.wide, False))
+    for ref in reference["cases"]:
+        ids = ref["prompt_ids"]
+        prefilled = all_logits(dual, ids)[-1]  # many rows: bfloat16
+        decoded = all_logits(dual, ids, chunk=1)[-1]  # one row at a time: float16
+        expected = all_logits(fp32_model, ids)[-1]
+        for got in (prefilled, decoded):
+            assert int(got.argmax()) == int(expected.argmax())
+            assert (got - expected).abs().max() < 1.0

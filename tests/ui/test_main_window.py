@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.ui.qt import QtWidgets
-from app.ui.view_models import PREFILLING, STREAMING
+from app.ui.view_models import PREFILLING
 
 OBJECT_NAMES = ["chatList", "newChatButton", "searchBox", "messageView", "composer", "sendButton",
                 "stopButton", "attachButton", "attachmentList", "modelPicker", "contextMeter"]

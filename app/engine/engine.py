@@ -52,7 +52,7 @@ class EngineConfig:
     min_interleave_chunk: int = 4  # least prompt tokens per pass while others stream
     # While others stream, a pass with a prefill chunk may take this many times a plain
     # decode pass (inter-token latency stays within it, prefill still moves).
-    interleave_ratio: float = 2.0
+    interleave_ratio: float = 2.3
     max_batch: int = 16  # running requests decoding together
     # Most tokens one conversation may hold (prompt + reply); None = the model's full context.
     # Smaller keeps long prompts quick on a slow machine.
@@ -82,32 +82,46 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # admitted, in admission order
         self._ids = itertools.count(1)
-        # Measured costs that size the interleaved prefill chunk (seconds).
+        # What sizes the prefill chunk while others stream: the measured decode-only pass
+        # (seconds), and the chunk itself, steered so a pass carrying it takes about
+        # `interleave_ratio` decode passes. Steering on the measured pass time, not on a
+        # cost model, copes with costs a model would miss (attention over a long context,
+        # many rows taking another kernel).
         self._decode_pass_s = 0.0
-        self._prefill_token_s = 0.0
+        self._interleave_chunk = config.min_interleave_chunk
         self._warm_up()
 
     @torch.inference_mode()
-    def _warm_up(self, chunk: int = 32) -> None:
-        """One decode-sized and one chunk-sized pass on scratch pages: the first call of each
-        kernel is slow (lazy initialisation), and the timings seed the chunk budget."""
-        pages = self.pages.allocate(min(-(-chunk // self.config.page_size), self.pages.free_count))
-        chunk = min(chunk, len(pages) * self.config.page_size)
+    def _warm_up(self, small: int = 4, chunk: int = 32) -> None:
+        """Passes of 1, `small` and `chunk` tokens on scratch pages, twice: the first call of
+        each kernel is slow (lazy initialisation); the second round's timings give the
+        decode pass and a first guess at the interleaved chunk."""
+        ps = self.config.page_size
+        pages = self.pages.allocate(min(-(-chunk // ps), self.pages.free_count))
+        chunk = min(chunk, len(pages) * ps)
+        small = min(small, chunk - 1)
         try:
-            for n in (1, chunk, 1, chunk):
-                view = PagedBatchView(self.pool, [pages], [0], [n])
-                tokens = torch.full((1, n), self.loaded.tokenizer.bos_id, device=self.loaded.device)
-                started = time.perf_counter()
-                self.loaded.model.logits(self.loaded.model(tokens, view.positions(), view)[0, -1:])
-                if self.loaded.device.type == "cuda":
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - started
-                if n == 1:
-                    self._decode_pass_s = seconds
-                else:
-                    self._prefill_token_s = max(seconds - self._decode_pass_s, 0.0) / n or seconds / n
+            for _ in range(2):
+                times = {n: self._timed_pass(pages, n) for n in (1, small, chunk)}
+            self._decode_pass_s = times[1]
+            per_token = max(times[chunk] - times[small], 1e-6) / (chunk - small)
+            base = max(times[small] - small * per_token, 0.0)
+            target = self.config.interleave_ratio * self._decode_pass_s
+            self._interleave_chunk = self._clamp_chunk((target - base) / per_token)
         finally:
             self.pages.release(pages)
+
+    def _clamp_chunk(self, size: float) -> int:
+        return int(max(self.config.min_interleave_chunk, min(self.config.prefill_chunk, size)))
+
+    def _timed_pass(self, pages: list[int], n: int) -> float:
+        view = PagedBatchView(self.pool, [pages], [0], [n])
+        tokens = torch.full((1, n), self.loaded.tokenizer.bos_id, device=self.loaded.device)
+        started = time.perf_counter()
+        self.loaded.model.logits(self.loaded.model(tokens, view.positions(), view)[0, -1:])
+        if self.loaded.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
 
     # ---- thread-safe API ---------------------------------------------------------------
 
@@ -273,7 +287,7 @@ class Engine:
                 events.append(Failed(request.id, f"The model failed: {exc}"))
                 self._release(request, publish=False)
             return
-        self._learn_costs(time.perf_counter() - started, decoding, batch)
+        self._learn_costs(time.perf_counter() - started, batch, streaming=bool(decoding))
         for (request, chunk), row in zip(batch, logits):
             request.written += len(chunk)
             if request.phase is Phase.PREFILL:
@@ -285,24 +299,19 @@ class Engine:
             self._sample(request, row, events)
 
     def _prefill_budget(self, streaming: bool) -> int:
-        cfg = self.config
-        if not streaming or not self._prefill_token_s:
-            return cfg.prefill_chunk if not streaming else cfg.min_interleave_chunk
-        allowed_s = (cfg.interleave_ratio - 1) * self._decode_pass_s
-        return max(cfg.min_interleave_chunk,
-                   min(cfg.prefill_chunk, int(allowed_s / self._prefill_token_s)))
+        return self._interleave_chunk if streaming else self.config.prefill_chunk
 
-    def _learn_costs(self, seconds: float, decoding: list[Request],
-                     batch: list[tuple[Request, list[int]]]) -> None:
-        """Moving averages of a decode-only pass and of each prefill token on top of one."""
+    def _learn_costs(self, seconds: float, batch: list[tuple[Request, list[int]]],
+                     streaming: bool) -> None:
+        """Track the decode pass; steer the interleaved chunk toward its time target."""
         prefill_tokens = sum(len(c) for r, c in batch if r.phase is Phase.PREFILL)
         if not prefill_tokens:
             self._decode_pass_s = _ema(self._decode_pass_s, seconds)
-        elif decoding and self._decode_pass_s:
-            extra = max(seconds - self._decode_pass_s, 0.0) / prefill_tokens
-            self._prefill_token_s = _ema(self._prefill_token_s, extra)
-        else:
-            self._prefill_token_s = _ema(self._prefill_token_s, seconds / prefill_tokens)
+        elif streaming:
+            target = self.config.interleave_ratio * self._decode_pass_s
+            # Damped: the pass has a fixed part that does not shrink with the chunk.
+            self._interleave_chunk = self._clamp_chunk(
+                self._interleave_chunk * (target / max(seconds, 1e-6)) ** 0.5)
 
     def _forward(self, batch: list[tuple[Request, list[int]]]) -> torch.Tensor:
         """Run every request's new tokens in one pass; logits [len(batch), V], one row per

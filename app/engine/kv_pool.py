@@ -37,7 +37,14 @@ class PagedKVPool:
     def slots(self, pages: Sequence[int], start: int, end: int) -> list[int]:
         """Slot of every position in [start, end) of a sequence with page table `pages`."""
         ps = self.page_size
-        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+        first, last = start // ps, (end - 1) // ps if end > start else start // ps - 1
+        out: list[int] = []
+        for i in range(first, last + 1):  # whole pages at a time: cheap for long contexts
+            base = pages[i] * ps
+            lo = max(start - i * ps, 0)
+            hi = min(end - i * ps, ps)
+            out.extend(range(base + lo, base + hi))
+        return out
 
 
 class PagedBatchView:

@@ -343,8 +343,24 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         self.replies.add(ActiveReply(request_id, chat_id, reply_id))
         self.bridge.submit(request_id, messages, self._sampling_params(chat))
         if chat_id == self.current_chat_id:
-            self.show_chat(chat_id)
+            self._show_new_messages(chat_id, path)
         self.refresh_chat_list()
+
+    def _show_new_messages(self, chat_id: int, path) -> None:
+        """Append what the view lacks when it already shows the path's beginning (a send):
+        rebuilding every message widget would stall the GUI in a long chat. A changed
+        branch (regenerate, edit) is shown anew."""
+        view = self.window.message_view
+        shown = view.message_ids()
+        if [m.id for m in path[:len(shown)]] != shown:
+            self.show_chat(chat_id)
+            return
+        self.window.chat_title.setText(self.store.get_chat(chat_id).title)
+        for message in path[len(shown):]:
+            view.update_message(self._item_for(message))
+        self._show_attachments()
+        self._update_send_state()
+        self._update_context_meter()
 
     def _prompt_messages(self, chat, path) -> list[PromptMessage]:
         messages = []

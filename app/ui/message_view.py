@@ -529,6 +529,15 @@ class MessageView(QtWidgets.QScrollArea):
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
         bar.valueChanged.connect(self._on_scrolled)
+        self._warm_up()
+
+    @staticmethod
+    def _warm_up() -> None:
+        """Build and drop one message widget of each role now, at start-up: the first ones
+        cost ~80 ms (PySide creates its flag-enum combinations lazily), which would
+        otherwise be a visible stall at the first send."""
+        for role in ("user", "assistant"):
+            MessageWidget(MessageItem(-1, role, "warm-up\n\n```\ncode\n```")).deleteLater()
 
     def _build_page(self) -> None:
         page = QtWidgets.QWidget()

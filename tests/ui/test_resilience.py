@@ -52,15 +52,18 @@ def test_a_reply_cut_by_killing_the_process_is_there_after_restart(open_window,
 class Heartbeat:
     """A 5 ms timer on the GUI thread; the longest gap between its ticks is the longest stall."""
 
-    def __init__(self):
+    def __init__(self, probe=lambda: None):
         self.last = time.perf_counter()
         self.longest = 0.0
+        self.probe = probe
+        self.worst = None  # what `probe` said at the longest gap
         self.timer = QTimer(interval=5)
         self.timer.timeout.connect(self.beat)
 
     def beat(self):
         now = time.perf_counter()
-        self.longest = max(self.longest, now - self.last)
+        if now - self.last > self.longest:
+            self.longest, self.worst = now - self.last, self.probe()
         self.last = now
 
     def start(self):
@@ -74,14 +77,19 @@ class Heartbeat:
 
 
 def test_gui_thread_stall_while_streaming_and_prefilling(driver, tmp_path, capsys):
-    heartbeat = Heartbeat()
     controller = driver.controller
+
+    def state():
+        reply = controller.replies.for_chat(controller.current_chat_id)
+        return (reply.state, reply.tokens) if reply else None
+
+    heartbeat = Heartbeat(state)
     driver.set_max_tokens(60)
     heartbeat.start()
     driver.type_and_send("Tell me about the sea")
     reply = controller.replies.for_chat(controller.current_chat_id)
     driver.qtbot.waitUntil(lambda: reply.tokens >= 40, timeout=120_000)
-    streaming_ms = heartbeat.stop_ms()
+    streaming_ms, streaming_at = heartbeat.stop_ms(), heartbeat.worst
     driver.wait_until_idle()
 
     document = tmp_path / "long.txt"
@@ -99,5 +107,6 @@ def test_gui_thread_stall_while_streaming_and_prefilling(driver, tmp_path, capsy
     prefill_ms = heartbeat.stop_ms()
     assert tokens > 2500 and driver.path()[-1].status == "complete"
     with capsys.disabled():
-        print(f"\n[GUI stall] longest gap while streaming: {streaming_ms:.0f} ms; "
+        print(f"\n[GUI stall] longest gap while streaming: {streaming_ms:.0f} ms "
+              f"(at {streaming_at}); "
               f"while prefilling a {tokens:,}-token document: {prefill_ms:.0f} ms")

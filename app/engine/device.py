@@ -3,7 +3,7 @@
 `auto` picks CUDA, then MPS, then the CPU. Weight dtype for `auto`, per device:
   - CUDA: bfloat16 where the GPU supports it, else float16;
   - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
-  - CPU: float16 + bfloat16 for models small enough to hold both (see `load_on`), else
+  - CPU: float16 + bfloat16 for models small enough to hold both (`resolve_weights`), else
     bfloat16. Decode is memory-bound, so halving the weight bytes matters most.
     Measured on the 2-core dev machine (Gemma 3 270M, see `python -m app bench`):
         weights    decode      prefill 1,024   16-token chunk
@@ -30,6 +30,9 @@ import torch
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# `auto` on the CPU keeps two copies of the weights for model files up to this size (a Q4
+# file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16).
+DUAL_WEIGHTS_MAX_FILE_BYTES = 800 * 2**20
 
 
 class DeviceError(ValueError):
@@ -56,16 +59,24 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_weights(name: str, device: torch.device, file_bytes: int
+                    ) -> tuple[torch.dtype, torch.dtype | None]:
+    """The weight dtype for a dtype name, and the dtype of a second, wide copy (or None).
+
+    `auto` on the CPU, for a small enough model, stores each weight twice: float16 for
+    decode and bfloat16 for prefill (`DualWeight`): float16's decode speed with bfloat16's
+    prefill speed, for twice the weight memory. Larger models get bfloat16 alone."""
     if name not in DTYPE_CHOICES:
         raise DeviceError(f"Unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
     if name != "auto":
-        return _DTYPES[name]
+        return _DTYPES[name], None
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16), None
     if device.type == "mps":
-        return torch.float16
-    return torch.bfloat16
+        return torch.float16, None
+    if file_bytes <= DUAL_WEIGHTS_MAX_FILE_BYTES:
+        return torch.float16, torch.bfloat16
+    return torch.bfloat16, None
 
 
 def compute_dtype_for(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -80,28 +91,16 @@ def configure_cpu_threads() -> None:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 
-# `auto` on the CPU keeps two copies of the weights for model files up to this size (a Q4
-# file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16).
-DUAL_WEIGHTS_MAX_FILE_BYTES = 800 * 2**20
-
-
 def load_on(path, device: str = "auto", dtype: str = "auto"):
-    """Load a model file where the policy says: device and dtype names as the user gives them.
-
-    `auto` on the CPU, for a small enough model, stores each weight twice: float16 for
-    decode and bfloat16 for prefill (`DualWeight`): float16's decode speed with bfloat16's
-    prefill speed, for twice the weight memory. Larger models get bfloat16 alone."""
+    """Load a model file where the policy says: device and dtype names as the user gives them."""
     from pathlib import Path
 
     from app.models.loader import load_model
 
     torch_device = resolve_device(device)
-    weight_dtype = resolve_dtype(dtype, torch_device)
-    wide = None
+    file_bytes = Path(path).stat().st_size if Path(path).exists() else 0
+    weight_dtype, wide = resolve_weights(dtype, torch_device, file_bytes)
     if torch_device.type == "cpu":
         configure_cpu_threads()
-        small = Path(path).exists() and Path(path).stat().st_size <= DUAL_WEIGHTS_MAX_FILE_BYTES
-        if dtype == "auto" and small:
-            weight_dtype, wide = torch.float16, torch.bfloat16
     return load_model(path, torch_device, weight_dtype,
                       compute_dtype_for(weight_dtype, torch_device), wide)

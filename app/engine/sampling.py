@@ -81,10 +81,9 @@ class RequestSampler:
     def next_token(self, logits: torch.Tensor) -> TokenChoice:
         """logits: [V] float32 for one request -> the chosen token (also counted)."""
         p = self.params
-        logprobs = None
-        if p.top_logprobs:
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-        shaped = self._penalized(logits.float())
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1) if p.top_logprobs else None
+        shaped = self._penalized(logits)
         if p.greedy:
             token = int(torch.argmax(shaped))
         else:

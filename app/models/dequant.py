@@ -174,16 +174,21 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.to(torch.float32), mn.to(torch.float32)
 
 
+def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K header: d f16 | dmin f16 | scales[12] -> per-group scale and min, (n, 8, 1)."""
+    n = blocks.shape[0]
+    d = _f16(blocks[:, 0:2])
+    dmin = _f16(blocks[:, 2:4])
+    sc, mn = _scale_min_k4(blocks[:, 4:16])
+    return (d * sc).reshape(n, 8, 1), (dmin * mn).reshape(n, 8, 1)
+
+
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     # 144 bytes: d f16 | dmin f16 | scales[12] | qs[128]
     # 8 groups of 32; qs: 4 chunks of 32 bytes, low nibbles = group 2c, high = group 2c+1
     # y = (d * sc) * x - dmin * m
     n = blocks.shape[0]
-    d = _f16(blocks[:, 0:2])
-    dmin = _f16(blocks[:, 2:4])
-    sc, mn = _scale_min_k4(blocks[:, 4:16])
-    dl = (d * sc).reshape(n, 8, 1)
-    ml = (dmin * mn).reshape(n, 8, 1)
+    dl, ml = _k_scales(blocks)
     q = _nibbles(blocks[:, 16:144].reshape(n * 4, 32)).reshape(n, 8, 32)
     return (dl * q.to(torch.float32) - ml).reshape(n, QK_K)
 
@@ -192,11 +197,7 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     # 176 bytes: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]
     # as Q4_K, plus a 5th bit: bit g of qh[l] belongs to element l of group g
     n = blocks.shape[0]
-    d = _f16(blocks[:, 0:2])
-    dmin = _f16(blocks[:, 2:4])
-    sc, mn = _scale_min_k4(blocks[:, 4:16])
-    dl = (d * sc).reshape(n, 8, 1)
-    ml = (dmin * mn).reshape(n, 8, 1)
+    dl, ml = _k_scales(blocks)
     ql = _nibbles(blocks[:, 48:176].reshape(n * 4, 32)).reshape(n, 8, 32)
     qh = _bits(blocks[:, 16:48])  # (n, 8, 32)
     q = ql | (qh << 4)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import Sequence
+from dataclasses import replace
 
-from app.documents import DocumentError, extract_document
+from app.documents import DocumentError, extract_document, format_for_prompt
 from app.engine.engine import EngineConfig
 from app.engine.sampling import SamplingParams
 from app.engine.session import ModelSession, NoModelError
@@ -138,7 +139,7 @@ class EngineBridge(QObject):
             self.contextOverflow.emit(request_id, len(prompt), context)
             return
         if params.max_tokens > room:  # the reply may use what the context has left
-            params = _with_max_tokens(params, room)
+            params = replace(params, max_tokens=room)
         self.session.submit(prompt, params, self.event.emit, request_id)
 
     @Slot(str, str)
@@ -150,8 +151,6 @@ class EngineBridge(QObject):
 
     @Slot(str, str)
     def _do_read_document(self, key: str, path: str) -> None:
-        from app.documents import format_for_prompt
-
         try:
             document = extract_document(path)
         except DocumentError as exc:
@@ -175,9 +174,3 @@ class EngineBridge(QObject):
                                           "version of Ferrox Chat runs Gemma 3 models.")
             return
         self.modelInspected.emit(path, facts)
-
-
-def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, max_tokens=max_tokens)

@@ -7,6 +7,7 @@ message's `parent` names an earlier message's `id`); importing gives everything 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from app.storage.chats import DEFAULT_TITLE, ChatStore
@@ -37,7 +38,7 @@ def export_markdown(store: ChatStore, chat_id: int) -> str:
 
 
 def _markdown_message(message: Message) -> list[str]:
-    parts = [f"## {_ROLE_HEADINGS[message.role]}", message.content]
+    parts = [f"## {_ROLE_HEADINGS[message.role]}", _markdown_body(message.content)]
     if message.attachments:
         parts.append("Attachments: " + ", ".join(a.name for a in message.attachments))
     if message.status == "error":
@@ -45,6 +46,38 @@ def _markdown_message(message: Message) -> list[str]:
     elif message.status in _STATUS_NOTES:
         parts.append(f"*({_STATUS_NOTES[message.status]})*")
     return parts
+
+
+_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_ROLE_HEADING = re.compile(r"^ {0,3}## (System|User|Assistant)\s*$", re.MULTILINE)
+
+
+def _markdown_body(content: str) -> str:
+    """`content` as it is when it is self-contained Markdown; otherwise (a code fence left
+    open, or a line that reads as one of our role headings) fenced verbatim, with a fence of
+    more backticks than any run inside (CommonMark: only a fence at least as long closes
+    it), so it cannot swallow what follows and its text comes back exactly."""
+    if not _leaves_fence_open(content) and not _ROLE_HEADING.search(content):
+        return content
+    longest = max((len(run) for run in re.findall(r"`+", content)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{content}\n{fence}"
+
+
+def _leaves_fence_open(content: str) -> bool:
+    """Whether a fenced code block opened in `content` is still open at its end."""
+    opening = None  # (character, length) of the open fence
+    for line in content.splitlines():
+        match = _FENCE_LINE.match(line)
+        if match is None:
+            continue
+        run, rest = match.group(1), match.group(2)
+        if opening is None:
+            if not (run[0] == "`" and "`" in rest):  # a backtick fence's info has no backtick
+                opening = (run[0], len(run))
+        elif run[0] == opening[0] and len(run) >= opening[1] and not rest.strip():
+            opening = None
+    return opening is not None
 
 
 def export_json(store: ChatStore, chat_id: int) -> dict[str, Any]:

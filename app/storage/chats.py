@@ -85,6 +85,21 @@ class ChatStore(MessageTree, ModelRegistry, AppSettings):
     def restore_chat(self, chat_id: int) -> Chat:
         return self._update_chat(chat_id, touch=False, deleted_at=None)
 
+    def list_deleted_chats(self) -> list[Chat]:
+        """The Trash: deleted chats, most recently deleted first."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM chats WHERE deleted_at IS NOT NULL "
+                                "ORDER BY deleted_at DESC, id DESC").fetchall()
+            return [chat_from_row(row) for row in rows]
+
+    def purge_chat(self, chat_id: int) -> None:
+        """Remove one deleted chat for good (messages and attachments too). A chat that is
+        not in the Trash is refused, so a slip cannot destroy a live chat."""
+        with self._write() as conn:
+            if self._chat_row(conn, chat_id)["deleted_at"] is None:
+                raise StorageError("Only a chat in the Trash can be deleted for good.")
+            conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+
     def purge_deleted(self, older_than_s: float = 0.0) -> int:
         """Remove for good the chats deleted at least `older_than_s` seconds ago, with their
         messages and attachments. Returns how many chats went."""

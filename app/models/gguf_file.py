@@ -12,13 +12,24 @@ Layout (GGUF v2/v3, little-endian):
     padding to `general.alignment` (default 32) | tensor data (offsets are relative to here)
 
 Every read is bounds-checked, so a truncated or corrupt file raises `ModelError` with a
-plain message instead of a numpy error, a MemoryError or a hang.
+plain message instead of a numpy error, a MemoryError or a hang. Only regular files are opened
+(a FIFO named `x.gguf` would block `open()` forever), and the tensor directory is checked as a
+whole: every tensor's data is aligned to `general.alignment`, lies inside the file, overlaps no
+other tensor, and has a positive shape whose rows fill whole quantization blocks.
+
+Model config readers take metadata through the typed accessors (`get_int`, `get_float`,
+`get_str`, `get_bool`, `get_int_array`, `get_float_array`, `get_str_array`), which check the
+stored type and the range the caller needs and raise a `ModelError` naming the key -- so a
+`head_count_kv` of 0, a NaN epsilon or a context length stored as text is refused at load
+time instead of surfacing as a ZeroDivisionError or empty output.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +61,11 @@ _SCALAR_TYPES: dict[int, tuple[str, np.dtype]] = {
 _STRING = 8
 _ARRAY = 9
 _MAX_ARRAY_DEPTH = 16
+_MAX_DIMS = 8
+MAX_ALIGNMENT = 1 << 16
+
+# "No default given": the key is required.
+_REQUIRED: Any = object()
 
 
 @dataclass(frozen=True)
@@ -163,14 +179,7 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.exists():
-            raise ModelError(f"Model file not found: {self.path}")
-        if self.path.is_dir():
-            raise ModelError(f"{self.path} is a folder, not a GGUF model file.")
-        try:
-            self._file = open(self.path, "rb")
-        except OSError as exc:
-            raise ModelError(f"Cannot read {self.path}: {exc.strerror or exc}") from exc
+        self._file = self._open_regular_file()
         try:
             size = os.fstat(self._file.fileno()).st_size
             if size < 24:
@@ -188,6 +197,35 @@ class GGUFFile:
         except ModelError:
             self.close()
             raise
+
+    def _open_regular_file(self):
+        """The file opened for reading, refusing anything but a regular file.
+
+        `open()` on a FIFO blocks until a writer appears -- forever, in the one worker that
+        loads models -- so the type is checked before opening, the open itself is
+        non-blocking, and the opened descriptor is checked again (the path may have been
+        swapped in between)."""
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            raise ModelError(f"Model file not found: {self.path}") from None
+        except OSError as exc:
+            raise ModelError(f"Cannot read {self.path}: {exc.strerror or exc}") from exc
+        if stat.S_ISDIR(info.st_mode):
+            raise ModelError(f"{self.path} is a folder, not a GGUF model file.")
+        not_regular = (f"{self.path.name} is not a GGUF model file: it is not a regular file "
+                       "(a pipe, socket or device).")
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelError(not_regular)
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        try:
+            fd = os.open(self.path, flags)
+        except OSError as exc:
+            raise ModelError(f"Cannot read {self.path}: {exc.strerror or exc}") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ModelError(not_regular)
+        return os.fdopen(fd, "rb")
 
     def _parse(self) -> None:
         cur = _Cursor(self._view, self.path)
@@ -220,28 +258,56 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
+            if key in self.metadata:
+                raise ModelError(f"{self.path.name} is corrupt: the metadata key {key!r} appears twice.")
             self.metadata[key] = cur.value(cur.u32(key), key)
 
         infos = []
         for i in range(n_tensors):
             name = cur.string(f"tensor name #{i}")
             n_dims = cur.u32(name)
-            if n_dims > 8:
+            if not 1 <= n_dims <= _MAX_DIMS:
                 raise ModelError(f"{self.path.name} is corrupt: tensor {name} has {n_dims} dimensions.")
             dims = [cur.u64(name) for _ in range(n_dims)]
             type_id = cur.u32(name)
             offset = cur.u64(name)
             infos.append((name, dims, type_id, offset))
 
-        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or isinstance(alignment, bool):
-            raise ModelError(f"{self.path.name} is corrupt: alignment {alignment!r} is not an integer.")
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise ModelError(f"{self.path.name} is corrupt: alignment {alignment} is not a power of two.")
+        alignment = self._alignment()
         data_start = (cur.pos + alignment - 1) // alignment * alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, dims, type_id, offset in infos:
+            if name in self.tensors:
+                raise ModelError(f"{self.path.name} is corrupt: the tensor {name} appears twice.")
+            if offset % alignment:
+                raise ModelError(
+                    f"{self.path.name} is corrupt: tensor {name} starts at data offset {offset:,}, "
+                    f"which is not a multiple of the file's alignment ({alignment})."
+                )
             self.tensors[name] = self._tensor_info(name, dims, type_id, data_start + offset)
+        self._check_no_overlap()
+
+    def _alignment(self) -> int:
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not _is_int(alignment):
+            raise ModelError(f"{self.path.name} is corrupt: alignment {alignment!r} is not an integer.")
+        if not 0 < alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
+            raise ModelError(
+                f"{self.path.name} is corrupt: alignment {alignment} is not a power of two "
+                f"from 1 to {MAX_ALIGNMENT:,}."
+            )
+        return int(alignment)
+
+    def _check_no_overlap(self) -> None:
+        # Sorted by start, each tensor must begin at or after the previous one's end.
+        previous: TensorInfo | None = None
+        for info in sorted(self.tensors.values(), key=lambda t: t.offset):
+            if previous is not None and info.offset < previous.offset + previous.nbytes:
+                raise ModelError(
+                    f"{self.path.name} is corrupt: the data of tensors {previous.name} and "
+                    f"{info.name} overlap."
+                )
+            previous = info
 
     def _tensor_info(self, name: str, dims: list[int], type_id: int, offset: int) -> TensorInfo:
         try:
@@ -253,10 +319,12 @@ class GGUFFile:
             ) from None
         block_size, type_size = GGML_QUANT_SIZES[ggml_type]
         shape = tuple(reversed(dims))  # GGUF lists the fastest-varying dimension first
+        if 0 in shape:
+            raise ModelError(f"{self.path.name} is corrupt: tensor {name} has an empty dimension {shape}.")
         n = 1
         for d in shape:
             n *= d
-        if dims and dims[0] % block_size:
+        if dims[0] % block_size:
             raise ModelError(
                 f"{self.path.name} is corrupt: tensor {name} rows of {dims[0]} do not fit "
                 f"{ggml_type.name} blocks of {block_size}."
@@ -277,12 +345,136 @@ class GGUFFile:
         return np.frombuffer(self._view, dtype=np.uint8, count=info.nbytes, offset=info.offset)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The raw stored value (unchecked); prefer the typed accessors below."""
         return self.metadata.get(key, default)
 
     def require(self, key: str) -> Any:
         if key not in self.metadata:
             raise ModelError(f"{self.path.name} is missing the metadata key {key!r}.")
         return self.metadata[key]
+
+    # ---- typed metadata accessors -------------------------------------------------------
+    # Each returns the value as a plain Python type, or raises a ModelError naming the file
+    # and the key. Leaving out `default` makes the key required; a given default (None too)
+    # is returned as it is when the key is absent. `min`/`max` are inclusive bounds.
+
+    def get_int(self, key: str, default: Any = _REQUIRED, *, min: int | None = None,
+                max: int | None = None) -> int:
+        """An integer of any GGUF integer type (not a bool, not a float)."""
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        if not _is_int(value):
+            raise self._bad_value(key, value, "a whole number" + _range_text(min, max))
+        value = int(value)
+        self._check_range(key, value, min, max, "a whole number")
+        return value
+
+    def get_float(self, key: str, default: Any = _REQUIRED, *, min: float | None = None,
+                  max: float | None = None, positive: bool = False) -> float:
+        """A finite number (a float, or an integer type); `positive` also refuses 0."""
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        what = "a finite number" + (" above 0" if positive else "")
+        if not (_is_int(value) or isinstance(value, (float, np.floating))):
+            raise self._bad_value(key, value, what + _range_text(min, max))
+        value = float(value)
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise self._bad_value(key, value, what + _range_text(min, max))
+        self._check_range(key, value, min, max, what)
+        return value
+
+    def get_str(self, key: str, default: Any = _REQUIRED) -> str:
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        if not isinstance(value, str):
+            raise self._bad_value(key, value, "text")
+        return value
+
+    def get_bool(self, key: str, default: Any = _REQUIRED) -> bool:
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        if not isinstance(value, (bool, np.bool_)):
+            raise self._bad_value(key, value, "true or false")
+        return bool(value)
+
+    def get_int_array(self, key: str, default: Any = _REQUIRED, *, min: int | None = None,
+                      max: int | None = None, length: int | None = None) -> np.ndarray:
+        """A 1-D array of integers as int64 (each element within `min`/`max`, `length`
+        elements if given)."""
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        what = "a list of whole numbers" + _range_text(min, max)
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu":
+            raise self._bad_value(key, value, what)
+        self._check_length(key, value, length)
+        if value.dtype == np.uint64 and value.size and int(value.max()) > np.iinfo(np.int64).max:
+            raise self._bad_value(key, int(value.max()), what)
+        array = value.astype(np.int64)
+        self._check_array_range(key, array, min, max, what)
+        return array
+
+    def get_float_array(self, key: str, default: Any = _REQUIRED, *, min: float | None = None,
+                        max: float | None = None, length: int | None = None) -> np.ndarray:
+        """A 1-D array of finite numbers as float32 (integer arrays are converted)."""
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        what = "a list of finite numbers" + _range_text(min, max)
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf":
+            raise self._bad_value(key, value, what)
+        self._check_length(key, value, length)
+        array = value.astype(np.float32)
+        if not np.isfinite(array).all():
+            raise self._bad_value(key, float(array[~np.isfinite(array)][0]), what)
+        self._check_array_range(key, array, min, max, what)
+        return array
+
+    def get_str_array(self, key: str, default: Any = _REQUIRED, *,
+                      length: int | None = None) -> list[str]:
+        if key not in self.metadata:
+            return self._missing(key, default)
+        value = self.metadata[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._bad_value(key, value, "a list of text strings")
+        self._check_length(key, value, length)
+        return value
+
+    def _missing(self, key: str, default: Any) -> Any:
+        if default is _REQUIRED:
+            raise ModelError(f"{self.path.name} is missing the metadata key {key!r}.")
+        return default
+
+    def _bad_value(self, key: str, value: Any, what: str) -> ModelError:
+        return ModelError(
+            f"{self.path.name} has an invalid value for {key!r}: {_describe(value)} "
+            f"(it must be {what}). The file is corrupt or was made for another program."
+        )
+
+    def _check_range(self, key: str, value: float, lo: float | None, hi: float | None,
+                     what: str) -> None:
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise self._bad_value(key, value, what + _range_text(lo, hi))
+
+    def _check_array_range(self, key: str, array: np.ndarray, lo: float | None,
+                           hi: float | None, what: str) -> None:
+        if lo is not None and array.size and array.min() < lo:
+            raise self._bad_value(key, array.min().item(), what)
+        if hi is not None and array.size and array.max() > hi:
+            raise self._bad_value(key, array.max().item(), what)
+
+    def _check_length(self, key: str, value: Any, length: int | None) -> None:
+        if getattr(value, "ndim", 1) != 1:
+            raise self._bad_value(key, value, "a flat list")
+        if length is not None and len(value) != length:
+            raise ModelError(
+                f"{self.path.name} has an invalid value for {key!r}: {len(value):,} entries "
+                f"where {length:,} are needed. The file is corrupt or was made for another program."
+            )
 
     @property
     def architecture(self) -> str:
@@ -303,3 +495,30 @@ class GGUFFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _range_text(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f" from {lo:,} to {hi:,}"
+    if lo is not None:
+        return f", {lo:,} or more"
+    if hi is not None:
+        return f", at most {hi:,}"
+    return ""
+
+
+def _describe(value: Any) -> str:
+    """A short account of a stored value for an error message (never a 262k-entry dump)."""
+    if isinstance(value, np.ndarray):
+        return f"a list of {value.size:,} {value.dtype.name} values"
+    if isinstance(value, list):
+        return f"a list of {len(value):,} entries"
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:40] + "…") + " (text)"
+    if isinstance(value, (bool, np.bool_)):
+        return f"{bool(value)} (true/false)"
+    return repr(value.item() if isinstance(value, np.generic) else value)

@@ -4,7 +4,9 @@ error, a MemoryError or a hang)."""
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -388,3 +390,179 @@ def test_random_corruption_raises_only_model_error(tmp_path):
         except ModelError as exc:
             _assert_readable(exc, bad_path)
     assert opened < 400
+
+
+# ---- files that are not regular files -------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs need a POSIX system")
+def test_a_fifo_named_gguf_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def open_it():
+        try:
+            GGUFFile(fifo).close()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the test thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=open_it, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # a safety net only: the refusal takes microseconds
+    if worker.is_alive():
+        with open(fifo, "wb"):  # release the blocked open() so the thread can end
+            pass
+        pytest.fail("opening a FIFO blocked")
+    assert len(outcome) == 1 and isinstance(outcome[0], ModelError), outcome
+    assert "not a regular file" in str(outcome[0]) and "pipe.gguf" in str(outcome[0])
+
+
+# ---- the tensor directory as a whole --------------------------------------------------------
+
+
+def _two_tensor_file(tmp_path, **metadata):
+    return write_gguf(tmp_path / "two.gguf", metadata=metadata,
+                      tensors={"first": np.ones(16, np.float32), "second": np.full(16, 2.0, np.float32)})
+
+
+def _offset_field(content: bytes, name: str, n_dims: int = 1) -> int:
+    """Byte position of tensor `name`'s data-offset field in the tensor directory."""
+    start = content.index(_str(name))
+    return start + len(_str(name)) + 4 + 8 * n_dims + 4
+
+
+def _patched_offset(content: bytes, name: str, new_offset) -> bytes:
+    pos = _offset_field(content, name)
+    old = struct.unpack_from("<Q", content, pos)[0]
+    value = new_offset(old) if callable(new_offset) else new_offset
+    return content[:pos] + struct.pack("<Q", value) + content[pos + 8:]
+
+
+def test_a_tensor_offset_moved_by_one_byte_is_refused(tmp_path):
+    content = _two_tensor_file(tmp_path).read_bytes()
+    path = _write(tmp_path, _patched_offset(content, "second", lambda old: old + 1))
+    exc = _open_fails(path)
+    assert "second" in str(exc) and "alignment (32)" in str(exc)
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    content = _two_tensor_file(tmp_path).read_bytes()
+    path = _write(tmp_path, _patched_offset(content, "second", 0))
+    exc = _open_fails(path)
+    assert "first" in str(exc) and "second" in str(exc) and "overlap" in str(exc)
+
+
+def test_adjacent_tensors_are_fine(tmp_path):
+    with GGUFFile(_two_tensor_file(tmp_path, **{"general.alignment": 64})) as f:
+        first, second = f.tensors["first"], f.tensors["second"]
+        assert second.offset == first.offset + 64  # 16 floats, padded to the alignment
+
+
+def test_empty_dimensions_and_zero_dimension_tensors_are_refused(tmp_path):
+    empty = _gguf(infos=[_tensor_info("w", [4, 0], 0)], data=b"\0" * 32)
+    assert "empty dimension" in str(_open_fails(_write(tmp_path, empty)))
+    scalar = _gguf(infos=[_tensor_info("w", [], 0)], data=b"\0" * 32)
+    assert "0 dimensions" in str(_open_fails(_write(tmp_path, scalar)))
+
+
+def test_repeated_names_are_refused(tmp_path):
+    twice = _gguf(infos=[_tensor_info("w", [4], 0), _tensor_info("w", [4], 0, offset=32)], data=b"\0" * 64)
+    assert "tensor w appears twice" in str(_open_fails(_write(tmp_path, twice)))
+    key = _kv("general.name", 8, _str("a"))
+    assert "'general.name' appears twice" in str(_open_fails(_write(tmp_path, _gguf([key, key]))))
+
+
+def test_a_huge_alignment_is_refused(tmp_path):
+    content = _gguf([_kv("general.alignment", 4, struct.pack("<I", 1 << 31))], [_tensor_info("w", [4], 0)])
+    assert "alignment" in str(_open_fails(_write(tmp_path, content)))
+
+
+# ---- typed metadata accessors ---------------------------------------------------------------
+
+
+@pytest.fixture
+def meta_file(tmp_path):
+    path = write_gguf(tmp_path / "meta.gguf", metadata={
+        "gemma3.head_count_kv": 0,
+        "gemma3.head_count": 4,
+        "gemma3.context_length": "32768",
+        "gemma3.context_array": [32768, 1],
+        "gemma3.rms_eps": float("nan"),
+        "gemma3.rope_base": 0.0,
+        "gemma3.rope_int": 10000,
+        "gemma3.inf": (float("inf"), GGUFValueType.FLOAT64),
+        "gemma3.eps": 1e-6,
+        "gemma3.flag": True,
+        "gemma3.big": ((1 << 64) - 1, GGUFValueType.UINT64),
+        "tok.types": np.array([1, 1, 3, 6], dtype=np.int32),
+        "tok.scores": np.array([0.0, -1.5, np.nan], dtype=np.float32),
+        "tok.good_scores": np.array([0.0, -1.5], dtype=np.float32),
+        "tok.tokens": ["<pad>", "<eos>"],
+        "general.name": "tiny",
+    })
+    with GGUFFile(path) as f:
+        yield f
+
+
+def _refused(call, *args, **kwargs) -> str:
+    with pytest.raises(ModelError) as info:
+        call(*args, **kwargs)
+    msg = str(info.value)
+    assert "meta.gguf" in msg and repr(args[0]) in msg, msg
+    return msg
+
+
+def test_get_int(meta_file):
+    f = meta_file
+    assert f.get_int("gemma3.head_count", min=1) == 4 and type(f.get_int("gemma3.head_count")) is int
+    assert f.get_int("gemma3.rope_int") == 10000
+    assert "from 1 to 64" in _refused(f.get_int, "gemma3.head_count_kv", min=1, max=64)
+    assert "1 or more" in _refused(f.get_int, "gemma3.head_count_kv", min=1)
+    assert "'32768' (text)" in _refused(f.get_int, "gemma3.context_length", min=1)
+    assert "a list of 2" in _refused(f.get_int, "gemma3.context_array", min=1)
+    _refused(f.get_int, "gemma3.flag")  # a bool is not a number
+    _refused(f.get_int, "gemma3.eps")  # nor is a float
+    assert "at most" in _refused(f.get_int, "gemma3.big", max=(1 << 63) - 1)
+    assert "missing" in _refused(f.get_int, "gemma3.nope")
+    assert f.get_int("gemma3.nope", 7) == 7 and f.get_int("gemma3.nope", None) is None
+
+
+def test_get_float(meta_file):
+    f = meta_file
+    assert f.get_float("gemma3.eps", positive=True) == pytest.approx(1e-6)
+    assert f.get_float("gemma3.rope_int", positive=True) == 10000.0  # an integer is a number too
+    assert "finite" in _refused(f.get_float, "gemma3.rms_eps", positive=True)
+    assert "finite" in _refused(f.get_float, "gemma3.inf")
+    assert "above 0" in _refused(f.get_float, "gemma3.rope_base", positive=True)
+    assert f.get_float("gemma3.rope_base") == 0.0
+    assert f.get_float("gemma3.eps", min=0, max=0.5) == pytest.approx(1e-6)
+    assert "at most 100" in _refused(f.get_float, "gemma3.rope_int", max=100)
+    _refused(f.get_float, "gemma3.context_length")
+    _refused(f.get_float, "gemma3.flag")
+    assert f.get_float("gemma3.nope", 1e-6) == 1e-6
+
+
+def test_get_str_and_bool(meta_file):
+    f = meta_file
+    assert f.get_str("general.name") == "tiny" and f.get_str("general.missing", "x") == "x"
+    assert "must be text" in _refused(f.get_str, "gemma3.head_count")
+    assert f.get_bool("gemma3.flag") is True and f.get_bool("gemma3.nope", False) is False
+    _refused(f.get_bool, "gemma3.head_count")  # 4 is not true or false
+    _refused(f.get_bool, "gemma3.nope")
+
+
+def test_get_arrays(meta_file):
+    f = meta_file
+    types = f.get_int_array("tok.types", min=1, max=6, length=4)
+    assert types.dtype == np.int64 and types.tolist() == [1, 1, 3, 6]
+    assert "4 entries where 5" in _refused(f.get_int_array, "tok.types", length=5)
+    _refused(f.get_int_array, "tok.types", max=5)
+    _refused(f.get_int_array, "tok.good_scores")  # floats are not whole numbers
+    _refused(f.get_int_array, "gemma3.head_count")  # a scalar is not a list
+    scores = f.get_float_array("tok.good_scores", length=2)
+    assert scores.dtype == np.float32 and scores.tolist() == [0.0, -1.5]
+    assert "nan" in _refused(f.get_float_array, "tok.scores")
+    assert f.get_str_array("tok.tokens", length=2) == ["<pad>", "<eos>"]
+    _refused(f.get_str_array, "tok.types")
+    assert f.get_int_array("tok.nope", None) is None

@@ -58,6 +58,30 @@ def code_blocks(markdown: str) -> list[str]:
     return blocks
 
 
+def with_line_breaks(markdown: str) -> str:
+    """`markdown` with each single newline outside code blocks made a hard line break, as
+    chat apps render Markdown: a haiku, an address or a list typed with Shift+Enter keeps
+    its lines (plain Markdown would join them into one paragraph). Blank lines, fences and
+    the lines inside fenced code stay as they are."""
+    lines = markdown.split("\n")
+    fence = None
+    for i, line in enumerate(lines[:-1]):
+        match = _FENCE.match(line)
+        if fence is not None:
+            if match and line.strip() == match.group(1) and match.group(1)[0] == fence[0] \
+                    and len(match.group(1)) >= len(fence):
+                fence = None
+            continue
+        if match:
+            fence = match.group(1)
+            continue
+        following = lines[i + 1]
+        if line.strip() and following.strip() and not line.endswith(("  ", "\\")) \
+                and not _FENCE.match(following):
+            lines[i] = line + "  "
+    return "\n".join(lines)
+
+
 def _code_menu_label(code: str, index: int) -> str:
     first = next((line.strip() for line in code.splitlines() if line.strip()), "(empty)")
     if len(first) > 48:
@@ -97,7 +121,7 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         if text == self._markdown:
             return
         self._markdown = text
-        self.setMarkdown(text)
+        self.setMarkdown(with_line_breaks(text))
         style_code(self.document(), self.palette())
         self._heights.clear()
         self._scratch_text = None
@@ -136,7 +160,7 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
             scratch.setDocumentMargin(shown.documentMargin())
             scratch.setDefaultFont(shown.defaultFont())
             scratch.setDefaultTextOption(shown.defaultTextOption())
-            scratch.setMarkdown(self.markdown())
+            scratch.setMarkdown(with_line_breaks(self.markdown()))
             style_code(scratch, self.palette())
             self._scratch_text = self._markdown
         return self._scratch

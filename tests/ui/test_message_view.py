@@ -293,3 +293,28 @@ def test_edit_keys_enter_saves_and_escape_cancels(view, qtbot):
     with qtbot.assertNotEmitted(view.editRequested):
         qtbot.keyClick(widget.editor, Qt.Key.Key_Escape)
     assert not widget.editing
+
+
+# -- line breaks -------------------------------------------------------------------------
+
+HAIKU = "Waves fold into foam\nthe lighthouse counts the long night\nsalt on the window"
+
+
+@pytest.mark.parametrize("role", ["user", "assistant"])
+def test_single_newlines_are_line_breaks_outside_code(view, role):
+    text = HAIKU + "\n\n```\nkeep  this\nas code\n```\nafter the code\nnext line"
+    view.set_messages([MessageItem(1, role, text)])
+    body = view.message_widget(1).body
+    shown = body.toPlainText()
+    assert "Waves fold into foam\nthe lighthouse counts the long night\nsalt on the window" in shown
+    assert "after the code\nnext line" in shown
+    assert "keep  this\nas code" in shown  # code keeps its lines and spaces, gets nothing added
+    assert body.markdown() == text  # Copy gives the text as written
+
+
+def test_line_breaks_leave_lists_and_headings_alone():
+    from app.ui.message_view import with_line_breaks
+
+    assert with_line_breaks("# Title\nfirst\nsecond") == "# Title  \nfirst  \nsecond"
+    assert with_line_breaks("a\n\nb") == "a\n\nb"
+    assert with_line_breaks("x\n```\ny\nz\n```") == "x\n```\ny\nz\n```"

@@ -59,6 +59,17 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def available_devices() -> tuple[str, ...]:
+    """The device names that can run a model here, "auto" first: what a settings screen
+    should offer (asking for one that is missing fails only at load time)."""
+    found = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        found.append("cuda")
+    if mps_available():
+        found.append("mps")
+    return tuple(found)
+
+
 def resolve_weights(name: str, device: torch.device, file_bytes: int
                     ) -> tuple[torch.dtype, torch.dtype | None]:
     """The weight dtype for a dtype name, and the dtype of a second, wide copy (or None).

@@ -89,6 +89,14 @@ class ModelSession:
         loaded, _ = self._require()
         return encode_chat(loaded.tokenizer, loaded.template, messages)
 
+    def continuation_prompt(self, messages: Sequence[Message], partial_reply: str) -> list[int]:
+        """The prompt that carries on `partial_reply`, the start of the assistant turn after
+        `messages`: the chat prompt, then the partial text with no end of turn, so the model
+        continues the same reply and the cache adopts the KV it already has for it."""
+        loaded, _ = self._require()
+        return (encode_chat(loaded.tokenizer, loaded.template, messages)
+                + loaded.tokenizer.encode(partial_reply, special=True))
+
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Listener,
                request_id: str | None = None) -> str:
         _, runner = self._require()

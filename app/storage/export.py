@@ -1,8 +1,9 @@
-"""Chats out and in: Markdown (to read or share) and JSON (a full, re-importable copy).
+"""Chats out: Markdown (to read or share) and JSON (a full, re-importable copy).
 
 The JSON form holds the whole message tree -- every version of every message -- with
 settings and attachments. Message ids in it are only references within the file (a
-message's `parent` names an earlier message's `id`); importing gives everything new ids.
+message's `parent` names an earlier message's `id`); importing (`importing.py`) gives
+everything new ids.
 """
 
 from __future__ import annotations
@@ -10,11 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.storage.chats import DEFAULT_TITLE, ChatStore
-from app.storage.errors import StorageError
-from app.storage.records import Chat, Message, NewAttachment
-from app.storage.validate import (check_attachment, check_generation_settings, check_role,
-                                  check_status, check_text, merged, to_json)
+from app.storage.chats import ChatStore
+from app.storage.records import Message
 
 FORMAT = "ferrox-chat"
 FORMAT_VERSION = 1
@@ -102,94 +100,3 @@ def _json_message(message: Message) -> dict[str, Any]:
             "attachments": [{"name": a.name, "kind": a.kind, "text": a.text,
                              "token_count": a.token_count, "size_bytes": a.size_bytes}
                             for a in message.attachments]}
-
-
-def import_json(store: ChatStore, data: Any) -> Chat:
-    """Add the chat in `data` (from `export_json`) as a new chat, all or nothing. Bad input is
-    refused with a StorageError saying what is wrong; nothing is saved then. A reply that was
-    still streaming when exported comes in as 'interrupted'."""
-    chat, messages = _checked_export(data)
-    with store.transaction():
-        new = store.create_chat(chat["title"], chat["settings"], chat["model"])
-        new_ids: dict[Any, int] = {}
-        for m in messages:
-            new_ids[m["id"]] = store.add_message(
-                new.id, m["role"], m["content"], parent_id=new_ids.get(m["parent"]),
-                status=m["status"], attachments=m["attachments"], metadata=m["metadata"],
-                error=m["error"]).id
-        if chat["head"] is not None:
-            store.switch_version(new_ids[chat["head"]])
-        if chat["pinned"]:
-            store.set_pinned(new.id, True)
-    return store.get_chat(new.id)
-
-
-def _checked_export(data: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(chat fields, messages) from export data, or a StorageError naming the first problem."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise StorageError("This is not a Ferrox Chat export (its \"format\" is not \"ferrox-chat\").")
-    version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise StorageError("This Ferrox Chat export has no valid \"version\".")
-    if version > FORMAT_VERSION:
-        raise StorageError(f"This chat was exported by a newer Ferrox Chat (export version {version}; "
-                           f"this version reads up to {FORMAT_VERSION}). Update Ferrox Chat to import it.")
-    raw_chat, raw_messages = data.get("chat"), data.get("messages")
-    if not isinstance(raw_chat, dict) or not isinstance(raw_messages, list):
-        raise StorageError("This Ferrox Chat export lacks its \"chat\" or \"messages\" section.")
-    messages = []
-    seen: set[Any] = set()
-    for number, raw in enumerate(raw_messages, start=1):
-        try:
-            message = _checked_message(raw, seen)
-        except StorageError as error:
-            raise StorageError(f"Message {number} of the export is not valid: {error}") from None
-        seen.add(message["id"])
-        messages.append(message)
-    return _checked_chat(raw_chat, seen), messages
-
-
-def _checked_chat(raw: dict[str, Any], message_ids: set[Any]) -> dict[str, Any]:
-    title = raw.get("title")
-    model = raw.get("model")
-    head = raw.get("head")
-    if model is not None and not isinstance(model, str):
-        raise StorageError("The export's chat model must be text.")
-    if head is not None and head not in message_ids:
-        raise StorageError(f"The export's chat head {head!r} is not one of its messages.")
-    return {"title": title if isinstance(title, str) and title.strip() else DEFAULT_TITLE,
-            "settings": merged({}, check_generation_settings(raw.get("settings"))),
-            "model": model, "head": head, "pinned": raw.get("pinned") is True}
-
-
-def _checked_message(raw: Any, earlier_ids: set[Any]) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise StorageError("it is not a JSON object.")
-    message_id, parent = raw.get("id"), raw.get("parent")
-    if not isinstance(message_id, (int, str)) or isinstance(message_id, bool) or message_id in earlier_ids:
-        raise StorageError("its id is missing or repeated.")
-    if parent is not None and parent not in earlier_ids:
-        raise StorageError(f"its parent {parent!r} is not an earlier message.")
-    status = check_status(raw.get("status", "complete"))
-    error = raw.get("error")
-    if error is not None:
-        check_text(error, "Its error")
-    metadata = raw.get("metadata") or {}
-    to_json(metadata, "Its metadata")
-    attachments = raw.get("attachments") or []
-    if not isinstance(attachments, list):
-        raise StorageError("its attachments are not a list.")
-    return {"id": message_id, "parent": parent, "role": check_role(raw.get("role")),
-            "content": check_text(raw.get("content"), "Its content"),
-            "status": "interrupted" if status == "streaming" else status,
-            "error": error, "metadata": metadata,
-            "attachments": [_checked_attachment(a) for a in attachments]}
-
-
-def _checked_attachment(raw: Any) -> NewAttachment:
-    if not isinstance(raw, dict):
-        raise StorageError("one of its attachments is not a JSON object.")
-    attachment = NewAttachment(name=raw.get("name"), kind=raw.get("kind"), text=raw.get("text", ""),
-                               token_count=raw.get("token_count", 0), size_bytes=raw.get("size_bytes", 0))
-    check_attachment(attachment)
-    return attachment

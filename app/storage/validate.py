@@ -23,18 +23,33 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-# key -> (test, what it must be); ranges follow app.engine.sampling.SamplingParams.
+def _within(low: float, high: float):
+    return lambda v: _number(v) and low <= v <= high
+
+
+# key -> (test, what it must be). Plain checks, kept apart from app.engine.sampling (which
+# imports torch); every entry -- settings dialogs, model defaults, imported chats -- passes
+# here. The ranges are wide but exclude values that break the arithmetic: a temperature or
+# repetition penalty of 1e-300 divides logits into infinities and empties the candidates.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+MAX_PENALTY = 100.0  # presence and frequency penalties, either sign
+MAX_TOP_K = 1_000_000
+MAX_MAX_TOKENS = 10_000_000
 _SETTING_RULES = {
     "system_prompt": (lambda v: isinstance(v, str), "text"),
-    "temperature": (lambda v: _number(v) and v >= 0, "a number, 0 or more"),
-    "top_k": (lambda v: _integer(v) and v >= 0, "a whole number, 0 or more"),
+    "temperature": (lambda v: _number(v) and (v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE),
+                    f"0 (greedy) or a number from {MIN_TEMPERATURE} to {MAX_TEMPERATURE:g}"),
+    "top_k": (lambda v: _integer(v) and 0 <= v <= MAX_TOP_K, f"a whole number from 0 to {MAX_TOP_K:,}"),
     "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0 and at most 1"),
-    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
-    "max_tokens": (lambda v: _integer(v) and v >= 1, "a whole number, 1 or more"),
-    "seed": (_integer, "a whole number"),
-    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number above 0"),
-    "presence_penalty": (_number, "a number"),
-    "frequency_penalty": (_number, "a number"),
+    "min_p": (_within(0, 1), "a number from 0 to 1"),
+    "max_tokens": (lambda v: _integer(v) and 1 <= v <= MAX_MAX_TOKENS,
+                   f"a whole number from 1 to {MAX_MAX_TOKENS:,}"),
+    "seed": (lambda v: _integer(v) and -(1 << 63) <= v < 1 << 64, "a whole number (64-bit)"),
+    "repetition_penalty": (_within(MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY),
+                           f"a number from {MIN_REPETITION_PENALTY} to {MAX_REPETITION_PENALTY:g}"),
+    "presence_penalty": (_within(-MAX_PENALTY, MAX_PENALTY), f"a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}"),
+    "frequency_penalty": (_within(-MAX_PENALTY, MAX_PENALTY), f"a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}"),
 }
 
 
@@ -69,7 +84,8 @@ def check_generation_settings(settings: Mapping[str, Any] | None, what: str = "C
             raise StorageError(f"{what} keys must be text, not {key!r}.")
         rule = _SETTING_RULES.get(key)
         if value is not None and rule is not None and not rule[0](value):
-            raise StorageError(f"{what}: {key} must be {rule[1]}, not {value!r}.")
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "…"
+            raise StorageError(f"{what}: {key} must be {rule[1]}, not {shown}.")
         checked[key] = value
     to_json(checked, what)
     return checked

@@ -28,6 +28,7 @@ from app.engine.events import Finished, Token
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message, encode_chat
 from app.models.loader import LoadedModel
+from app.models.prompt import bos_prefix
 
 _SENTENCES = [
     "The committee reviewed the quarterly figures and asked for a clearer breakdown of costs.",
@@ -110,14 +111,14 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
                      "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
 
     # 1. decode, one stream
-    ids = [tok.bos_id] + filler_ids(tok, 32)
+    ids = bos_prefix(tok) + filler_ids(tok, 32)
     trace = _drive(engine, {"decode": (ids, SamplingParams(max_tokens=decode_tokens, **greedy))})
     results["decode_tokens_per_s"] = round(trace["decode"].finished.timings.decode_tokens_per_s, 1)
     solo = _gaps_ms(trace["decode"].tokens)
 
     # 2. prefill 1,024 tokens
     engine.clear_cache()
-    ids = [tok.bos_id] + filler_ids(tok, 1023, salt=1)
+    ids = bos_prefix(tok) + filler_ids(tok, 1023, salt=1)
     trace = _drive(engine, {"prefill": (ids, SamplingParams(max_tokens=1, **greedy))})
     prefill_s = trace["prefill"].finished.timings.prefill_s
     results["prefill_1024_s"] = round(prefill_s, 2)
@@ -144,8 +145,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
 
     # 4. inter-token latency alone and during a 3,000-token prefill
     engine.clear_cache()
-    stream = [tok.bos_id] + filler_ids(tok, 20, salt=4)
-    document = [tok.bos_id] + filler_ids(tok, 2999, salt=5)
+    stream = bos_prefix(tok) + filler_ids(tok, 20, salt=4)
+    document = bos_prefix(tok) + filler_ids(tok, 2999, salt=5)
     traces = _drive(engine,
                     {"stream": (stream, SamplingParams(max_tokens=stream_tokens, **greedy))},
                     {"document": (8, document, SamplingParams(max_tokens=1, **greedy))})
@@ -165,7 +166,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
 
     # 5. four streams at once
     engine.clear_cache()
-    jobs = {f"s{i}": ([tok.bos_id] + filler_ids(tok, 24, salt=10 + i),
+    jobs = {f"s{i}": (bos_prefix(tok) + filler_ids(tok, 24, salt=10 + i),
                       SamplingParams(max_tokens=64, **greedy)) for i in range(4)}
     started = time.perf_counter()
     traces = _drive(engine, jobs)
@@ -190,9 +191,9 @@ def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
         loaded = load_on(path, device, dtype)
         engine = Engine(loaded, EngineConfig(kv_tokens=4096))
         greedy = dict(temperature=0, ignore_eos=True)
-        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded.tokenizer, 32)
+        ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 32)
         decode = _drive(engine, {"d": (ids, SamplingParams(max_tokens=128, **greedy))})["d"]
-        ids = [loaded.tokenizer.bos_id] + filler_ids(loaded.tokenizer, 1023, salt=1)
+        ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 1023, salt=1)
         prefill = _drive(engine, {"p": (ids, SamplingParams(max_tokens=1, **greedy))})["p"]
         rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),

@@ -47,7 +47,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, device: bool = True) -
     from app.engine.device import DEVICE_CHOICES, DTYPE_CHOICES
 
     parser.add_argument("--model", default="default",
-                        help="path to a .gguf file, or 'default' for the embedded Gemma 3 270M")
+                        help="a .gguf file, a Hugging Face model folder, or 'default' for the default "
+                             "built-in model")
     if device:
         parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
         parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
@@ -111,11 +112,9 @@ def resolve_model_path(spec: str, data_dir: str | None) -> Path:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from app.models.gguf_file import GGUFFile
-    from app.models.tokenizer import Tokenizer
+    from app.models.loader import load_tokenizer
 
-    with GGUFFile(resolve_model_path(args.model, args.data_dir)) as gguf:
-        tokenizer = Tokenizer.from_gguf(gguf)
+    tokenizer = load_tokenizer(resolve_model_path(args.model, args.data_dir))
     if not args.jsonl:
         print(json.dumps(tokenizer.encode(sys.stdin.read(), special=args.special)))
         return 0
@@ -137,6 +136,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from app.engine.generate import generate
     from app.engine.sampling import SamplingParams
     from app.models.chat_template import Message, encode_chat
+    from app.models.prompt import bos_prefix
 
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
@@ -157,7 +157,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     elif args.chat:
         prompt_ids = encode_chat(tok, loaded.template, [Message("user", args.prompt)])
     else:
-        prompt_ids = ([tok.bos_id] if tok.add_bos else []) + tok.encode(args.prompt)
+        prompt_ids = bos_prefix(tok) + tok.encode(args.prompt)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)

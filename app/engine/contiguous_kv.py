@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 
 from app.engine.masks import attention_mask
-from app.models.gemma3 import Gemma3Config
+from app.models.causal_lm import KVFacts
 
 
 class ContiguousKV:
-    def __init__(self, cfg: Gemma3Config, capacity: int, device: torch.device, dtype: torch.dtype):
-        shape = (1, cfg.n_kv_heads, capacity, cfg.head_dim)
-        self.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+    def __init__(self, kv: KVFacts, capacity: int, device: torch.device, dtype: torch.dtype):
+        shape = (1, kv.n_kv_heads, capacity, kv.head_dim)
+        self.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in range(kv.n_layers)]
+        self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(kv.n_layers)]
         self.capacity = capacity
         self.length = 0
         self._masks: dict[tuple[int | None, int], torch.Tensor] = {}

@@ -104,12 +104,11 @@ def configure_cpu_threads() -> None:
 
 def load_on(path, device: str = "auto", dtype: str = "auto"):
     """Load a model file where the policy says: device and dtype names as the user gives them."""
-    from pathlib import Path
-
     from app.models.loader import load_model
+    from app.models.model_facts import model_size_bytes
 
     torch_device = resolve_device(device)
-    file_bytes = Path(path).stat().st_size if Path(path).exists() else 0
+    file_bytes = model_size_bytes(path)
     weight_dtype, wide = resolve_weights(dtype, torch_device, file_bytes)
     if torch_device.type == "cpu":
         configure_cpu_threads()

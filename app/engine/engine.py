@@ -74,7 +74,7 @@ class Engine:
         self.loaded = loaded
         self.config = config
         num_pages = config.kv_tokens // config.page_size + 1  # + the reserved page 0
-        self.pool = PagedKVPool(loaded.config, num_pages, config.page_size, loaded.device,
+        self.pool = PagedKVPool(loaded.kv_facts, num_pages, config.page_size, loaded.device,
                                 loaded.compute_dtype)
         self.pages = PagePool(num_pages)
         self.cache = RadixCache(config.page_size)
@@ -116,7 +116,7 @@ class Engine:
 
     def _timed_pass(self, pages: list[int], n: int) -> float:
         view = PagedBatchView(self.pool, [pages], [0], [n])
-        tokens = torch.full((1, n), self.loaded.tokenizer.bos_id, device=self.loaded.device)
+        tokens = torch.full((1, n), self.loaded.filler_token_id, device=self.loaded.device)
         started = time.perf_counter()
         self.loaded.model.logits(self.loaded.model(tokens, view.positions(), view)[0, -1:])
         if self.loaded.device.type == "cuda":
@@ -194,7 +194,7 @@ class Engine:
             frozenset() if params.ignore_eos else loaded.stop_token_ids)
         request = Request(id=request_id, prompt_ids=prompt_ids, params=params,
                           stop_token_ids=stop_ids, stream=loaded.tokenizer.stream_decoder(),
-                          tokens=prompt_ids or [loaded.tokenizer.bos_id])
+                          tokens=prompt_ids or [loaded.filler_token_id])
         problem = self._refusal(request)
         if problem:
             events.append(Failed(request_id, problem))
@@ -204,7 +204,7 @@ class Engine:
         events.append(Queued(request_id, len(prompt_ids)))
 
     def _refusal(self, request: Request) -> str | None:
-        vocab = self.loaded.config.vocab_size
+        vocab = self.loaded.vocab_size
         if any(not 0 <= t < vocab for t in request.tokens):
             return f"The prompt holds a token id outside the vocabulary (0..{vocab - 1})."
         total = len(request.tokens) + request.params.max_tokens

@@ -13,26 +13,23 @@ from collections.abc import Sequence
 import torch
 
 from app.engine.masks import attention_mask
-from app.models.gemma3 import Gemma3Config
+from app.models.causal_lm import KVFacts
+
 
 class PagedKVPool:
-    def __init__(self, cfg: Gemma3Config, num_pages: int, page_size: int,
+    def __init__(self, kv: KVFacts, num_pages: int, page_size: int,
                  device: torch.device, dtype: torch.dtype):
-        self.cfg = cfg
+        self.kv = kv
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = device
         slots = num_pages * page_size
-        shape = (slots, cfg.n_kv_heads, cfg.head_dim)
+        shape = (slots, kv.n_kv_heads, kv.head_dim)
         # empty, not zeros: untouched pages cost no memory until a request writes them.
-        self.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in range(kv.n_layers)]
+        self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(kv.n_layers)]
         for t in (*self.keys, *self.values):
             t[:page_size].zero_()
-
-    @staticmethod
-    def bytes_per_token(cfg: Gemma3Config, dtype: torch.dtype) -> int:
-        return cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
 
     def slots(self, pages: Sequence[int], start: int, end: int) -> list[int]:
         """Slot of every position in [start, end) of a sequence with page table `pages`."""

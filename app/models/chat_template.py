@@ -127,3 +127,8 @@ def encode_chat(tokenizer, template: ChatTemplate, messages: Sequence[Message],
     """Token ids for a conversation: BOS (when the model wants one) + the rendered turns."""
     ids = tokenizer.encode(template.render(messages, add_generation_prompt), special=True)
     return ([tokenizer.bos_id] if tokenizer.add_bos else []) + ids
+
+
+def template_from_source(source: str, *, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+    """A Jinja chat template given as text (a Hugging Face folder's tokenizer_config.json)."""
+    return JinjaTemplate(source, eos_token)

@@ -25,6 +25,7 @@ from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 
 from app.models.errors import ModelError
+from app.models.tensor_formats import NATIVE_TYPES, readable_types
 
 T = GGMLQuantizationType
 Kernel = Callable[[torch.Tensor], torch.Tensor]
@@ -236,14 +237,17 @@ _KERNELS: dict[GGMLQuantizationType, Kernel] = {
 }
 
 
+assert frozenset(_KERNELS) == NATIVE_TYPES, "tensor_formats.NATIVE_TYPES must list the kernels"
+
+
 def native_types() -> frozenset[GGMLQuantizationType]:
     """The types dequantized by the torch kernels (on any device)."""
-    return frozenset(_KERNELS)
+    return NATIVE_TYPES
 
 
 def supported_types() -> frozenset[GGMLQuantizationType]:
     """Every type `dequantize` accepts: the torch kernels plus gguf-py's numpy fallback."""
-    return frozenset(_KERNELS) | frozenset(gguf_quants._type_traits)
+    return readable_types()
 
 
 # ---- entry point ---------------------------------------------------------------------------

@@ -1,32 +1,34 @@
 """Turn a model file into a ready-to-run model: weights, tokenizer, chat template, facts.
 
-One entry point, `load_model`, for every supported architecture; the architecture table
-below is the one place that says which ones exist. Anything wrong with the file surfaces as
-`ModelError` with a message a person can act on.
+One entry point, `load_model`, for a GGUF file or a Hugging Face folder (config.json,
+*.safetensors, tokenizer.json) of any architecture in `app.models.registry`. The family
+module reads the hyperparameters into a `DecoderConfig` and names the tensor for each weight
+slot; the model is built first and its slots filled afterwards. Anything wrong with the file
+surfaces as `ModelError` with a message a person can act on.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from app.models.chat_template import ChatTemplate, template_for
-from app.models.dequant import dequantize
+from app.models.causal_lm import CausalLM, KVFacts
+from app.models.chat_template import ChatTemplate, template_for, template_from_source
 from app.models.errors import ModelError
-from app.models.gemma3 import DualWeight, Gemma3, Gemma3Config, weights_transposed
+from app.models.families.common import HFConfig
 from app.models.gguf_file import GGUFFile
-from app.models.model_facts import SUPPORTED_ARCHITECTURES
-from app.models.tokenizer import Tokenizer
+from app.models.layers import WeightFormat, weights_transposed
+from app.models.registry import gguf_architecture, hf_architecture
+from app.models.tensor_formats import unreadable_type_names
+from app.models.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
+from app.models.transformer import DecoderConfig, TransformerLM
+from app.models.weight_sources import GGUFTensors, SafetensorsTensors, fill_weights, read_json
 
-
-# GGUF per-layer tensor names -> the attribute a Gemma3Layer reads. Linear weights are
-# transposed to [in, out] at load time; norms are vectors.
-_GEMMA3_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-_GEMMA3_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm",
-                 "post_ffw_norm")
+ProgressFn = Callable[[float], None]  # fraction of the weights loaded, 0..1
 
 
 @dataclass
@@ -36,9 +38,9 @@ class LoadedModel:
     path: Path
     name: str
     architecture: str
-    model: Gemma3
-    config: Gemma3Config
-    tokenizer: Tokenizer
+    model: CausalLM
+    config: DecoderConfig
+    tokenizer: object  # app.models.tokenizer's SentencePiece or byte-level BPE tokenizer
     template: ChatTemplate
     device: torch.device
     dtype: torch.dtype  # the weights' (for decode, when there is a wide copy too)
@@ -56,13 +58,33 @@ class LoadedModel:
         return self.model.compute_dtype
 
     @property
+    def kv_facts(self) -> KVFacts:
+        return self.model.kv_facts
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
     def context_length(self) -> int:
         return self.config.context_length
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
         """Tokens that end a reply: EOS and the template's end-of-turn markers."""
-        return frozenset({self.tokenizer.eos_id, *self.template.stop_token_ids(self.tokenizer)})
+        ids = set(self.template.stop_token_ids(self.tokenizer))
+        if self.tokenizer.eos_id is not None:
+            ids.add(self.tokenizer.eos_id)
+        return frozenset(ids)
+
+    @property
+    def filler_token_id(self) -> int:
+        """A token to run when a pass needs one and no prompt gives it (warm-up, an empty
+        prompt): BOS where the model has one."""
+        for candidate in (self.tokenizer.bos_id, self.tokenizer.eos_id, 0):
+            if candidate is not None:
+                return candidate
+        return 0
 
     def unload(self) -> None:
         """Drop the weights so their memory can be returned (the caller drops its reference)."""
@@ -73,86 +95,111 @@ class LoadedModel:
             torch.mps.empty_cache()
 
 
-def check_supported(gguf: GGUFFile) -> None:
-    arch = gguf.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"{gguf.path.name} is a {arch!r} model; this version of Ferrox Chat runs "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)} models."
-        )
-
-
-def _tensor(gguf: GGUFFile, name: str, device: torch.device) -> torch.Tensor:
-    info = gguf.tensors.get(name)
-    if info is None:
-        raise ModelError(f"{gguf.path.name} lacks the tensor {name!r}; the file is incomplete.")
-    return dequantize(gguf.raw_tensor(name), info.ggml_type, info.shape, device=device,
-                      dtype=torch.float32)
-
-
-def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(tensor.shape) != shape:
-        raise ModelError(f"Tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}.")
-
-
-def _load_gemma3(gguf: GGUFFile, cfg: Gemma3Config, device: torch.device, dtype: torch.dtype,
-                 compute_dtype: torch.dtype, wide_dtype: torch.dtype | None) -> Gemma3:
-    d, D = cfg.d_model, cfg.head_dim
-    linear_shapes = {  # [out, in] as stored
-        "attn_q": (cfg.n_heads * D, d), "attn_k": (cfg.n_kv_heads * D, d),
-        "attn_v": (cfg.n_kv_heads * D, d), "attn_output": (d, cfg.n_heads * D),
-        "ffn_gate": (cfg.ffn_dim, d), "ffn_up": (cfg.ffn_dim, d), "ffn_down": (d, cfg.ffn_dim),
-    }
-    norm_shapes = {"attn_q_norm": (D,), "attn_k_norm": (D,)}
-    transposed = weights_transposed(device, dtype)
-
-    def as_linear(w: torch.Tensor) -> torch.Tensor | DualWeight:
-        if wide_dtype is not None:
-            return DualWeight(w.to(dtype), w.to(wide_dtype))
-        return (w.t().contiguous() if transposed else w).to(dtype)
-
-    layers = []
-    for i in range(cfg.n_layers):
-        weights: dict[str, torch.Tensor] = {}
-        for short in _GEMMA3_LINEARS:
-            name = f"blk.{i}.{short}.weight"
-            w = _tensor(gguf, name, device)
-            _check_shape(name, w, linear_shapes[short])
-            weights[short] = as_linear(w)
-        for short in _GEMMA3_NORMS:
-            name = f"blk.{i}.{short}.weight"
-            w = _tensor(gguf, name, device)
-            _check_shape(name, w, norm_shapes.get(short, (d,)))
-            weights[short] = w  # norms stay float32: rms_norm computes in float32
-        layers.append(weights)
-    embedding = _tensor(gguf, "token_embd.weight", device)
-    _check_shape("token_embd.weight", embedding, (cfg.vocab_size, d))
-    head = as_linear(embedding)
-    del embedding
-    output_norm = _tensor(gguf, "output_norm.weight", device)
-    _check_shape("output_norm.weight", output_norm, (d,))
-    return Gemma3(cfg, head, output_norm, layers, transposed, compute_dtype).eval()
-
-
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
                compute_dtype: torch.dtype | None = None,
-               wide_dtype: torch.dtype | None = None) -> LoadedModel:
-    """Load a GGUF model onto `device` with weights in `dtype` and activations in
-    `compute_dtype` (default: the weights' dtype). With `wide_dtype`, every weight is also
-    kept in that dtype for many-row products (`DualWeight`)."""
+               wide_dtype: torch.dtype | None = None,
+               progress: ProgressFn | None = None) -> LoadedModel:
+    """Load a GGUF file or a Hugging Face folder onto `device` with weights in `dtype` and
+    activations in `compute_dtype` (default: the weights' dtype). With `wide_dtype`, every
+    linear weight is also kept in that dtype for many-row products (`DualWeight`)."""
     start = time.perf_counter()
     path = Path(path)
-    with GGUFFile(path) as gguf:
-        check_supported(gguf)
-        tokenizer = Tokenizer.from_gguf(gguf)
-        cfg = Gemma3Config.from_gguf_metadata(gguf.metadata, tokenizer.vocab_size)
-        template = template_for(gguf.metadata, gguf.architecture)
-        try:
-            with torch.inference_mode():
-                model = _load_gemma3(gguf, cfg, device, dtype, compute_dtype or dtype, wide_dtype)
-        except torch.OutOfMemoryError as exc:
-            raise ModelError(f"Not enough memory on {device} to load {path.name}.") from exc
-        name = str(gguf.get("general.name", path.stem))
-    return LoadedModel(path=path, name=name, architecture="gemma3", model=model, config=cfg,
+    fmt = WeightFormat(dtype, weights_transposed(device, dtype), wide_dtype)
+    loader = _load_hf_folder if path.is_dir() else _load_gguf
+    try:
+        with torch.inference_mode():
+            parts = loader(path, device, fmt, compute_dtype or dtype, progress)
+    except torch.OutOfMemoryError as exc:
+        raise ModelError(f"Not enough memory on {device} to load {path.name}.") from exc
+    except MemoryError as exc:
+        raise ModelError(f"Not enough memory to load {path.name}.") from exc
+    name, arch, model, cfg, tokenizer, template = parts
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelError(f"{path.name}'s tokenizer has {tokenizer.vocab_size:,} tokens but its "
+                         f"embedding only {cfg.vocab_size:,} rows; the file is inconsistent.")
+    return LoadedModel(path=path, name=name, architecture=arch, model=model, config=cfg,
                        tokenizer=tokenizer, template=template, device=device, dtype=dtype,
                        load_seconds=time.perf_counter() - start, wide_dtype=wide_dtype)
+
+
+def load_tokenizer(path: str | Path):
+    """Only the tokenizer of a GGUF file or Hugging Face folder (no weights are read)."""
+    path = Path(path)
+    if path.is_dir():
+        return tokenizer_from_hf_folder(path)
+    with GGUFFile(path) as gguf:
+        return tokenizer_from_gguf(gguf)
+
+
+def _build(family, cfg: DecoderConfig, refs, source, fmt: WeightFormat,
+           compute_dtype: torch.dtype, progress: ProgressFn | None) -> TransformerLM:
+    model = TransformerLM(cfg, fmt, compute_dtype)
+    refs = list(refs)
+    if progress is not None:
+        refs = _reporting(refs, progress)
+    fill_weights(model, refs, source)
+    return model
+
+
+def _reporting(refs, progress: ProgressFn):
+    total = max(len(refs), 1)
+    for i, ref in enumerate(refs):
+        yield ref
+        progress((i + 1) / total)
+
+
+def _load_gguf(path: Path, device, fmt, compute_dtype, progress):
+    with GGUFFile(path) as gguf:
+        arch = gguf_architecture(gguf.architecture, path.name)
+        bad = unreadable_type_names(info.ggml_type for info in gguf.tensors.values())
+        if bad:
+            raise ModelError(f"{path.name} stores tensors as {', '.join(bad)}, which Ferrox Chat "
+                             "cannot read. Try a file quantized differently (e.g. Q4_K_M or Q8_0).")
+        family = arch.load_module()
+        tokenizer = tokenizer_from_gguf(gguf)
+        source = GGUFTensors(gguf, device)
+        cfg = family.config_from_gguf(gguf, source.shapes, source.read)
+        template = template_for(gguf.metadata, arch.key)
+        model = _build(family, cfg, family.gguf_tensors(cfg), source, fmt, compute_dtype, progress)
+        name = gguf.get("general.name") if isinstance(gguf.get("general.name"), str) else path.stem
+    return name, arch.key, model, cfg, tokenizer, template
+
+
+def _load_hf_folder(path: Path, device, fmt, compute_dtype, progress):
+    raw = read_json(path / "config.json")
+    arch = hf_architecture(raw, path.name)
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else None
+    config = HFConfig({**raw, **text} if text else raw)
+    family = arch.load_module()
+    cfg = family.config_from_hf(config)
+    tokenizer = tokenizer_from_hf_folder(path)
+    template = _hf_template(path, arch.key, tokenizer)
+    source = SafetensorsTensors(path, device)
+    model = _build(family, cfg, family.hf_tensors(cfg), source, fmt, compute_dtype, progress)
+    return path.name, arch.key, model, cfg, tokenizer, template
+
+
+def _hf_template(folder: Path, arch: str, tokenizer) -> ChatTemplate:
+    """The folder's chat template: chat_template.jinja (transformers 5) or tokenizer_config.json's
+    `chat_template` (a string, or a list of named templates: "default")."""
+    source = None
+    jinja = folder / "chat_template.jinja"
+    config_path = folder / "tokenizer_config.json"
+    config = read_json(config_path) if config_path.exists() else {}
+    if jinja.is_file():
+        source = jinja.read_text(encoding="utf-8", errors="replace")
+    else:
+        source = config.get("chat_template")
+        if isinstance(source, list):
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default") or next(iter(named.values()), None)
+    if isinstance(source, str) and source.strip():
+        return template_from_source(source, bos_token=_token_text(config.get("bos_token")),
+                                    eos_token=_token_text(config.get("eos_token")))
+    return template_for({}, arch)
+
+
+def _token_text(value) -> str:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older files
+        value = value.get("content")
+    return value if isinstance(value, str) else ""

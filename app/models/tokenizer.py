@@ -385,3 +385,13 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"<Tokenizer {self.name}: {self.vocab_size} tokens>"
+
+
+def tokenizer_from_gguf(gguf: "GGUFFile"):
+    """The tokenizer a GGUF file describes (dispatch on `tokenizer.ggml.model`)."""
+    return Tokenizer.from_gguf(gguf)
+
+
+def tokenizer_from_hf_folder(folder):
+    """The tokenizer of a Hugging Face model folder (tokenizer.json)."""
+    raise ModelError("Hugging Face tokenizer folders are not supported yet.")

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from app.models.chat_template import GemmaTemplate
-from app.models.gemma3 import Gemma3, Gemma3Config
 from app.models.gguf_file import GGUFFile
+from app.models.layers import RopeSpec, WeightFormat
 from app.models.loader import LoadedModel
 from app.models.tokenizer import Tokenizer
+from app.models.transformer import DecoderConfig, TransformerLM
 
 
 @pytest.fixture(scope="session")
@@ -27,27 +28,24 @@ def tokenizer(embedded_model_path) -> Tokenizer:
 
 def make_tiny_model(tokenizer: Tokenizer, *, seed: int = 0, sliding_window: int = 16,
                     context_length: int = 4096, dtype=torch.float32) -> LoadedModel:
-    cfg = Gemma3Config(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=6, n_heads=4,
-                       n_kv_heads=1, head_dim=32, ffn_dim=128, context_length=context_length,
-                       sliding_window=sliding_window)
+    """A Gemma 3-shaped `TransformerLM` with random weights, built and filled as the loader
+    fills a real one (every slot assigned, then `finish_loading`)."""
+    layers = 6
+    cfg = DecoderConfig(
+        architecture="gemma3", vocab_size=tokenizer.vocab_size, d_model=64, n_layers=layers,
+        n_heads=4, n_kv_heads=1, head_dim=32, ffn_dim=128, context_length=context_length,
+        rms_eps=1e-6, rope=RopeSpec(1_000_000.0, 32), rope_local=RopeSpec(10_000.0, 32),
+        windows=tuple(sliding_window if (i + 1) % 6 else None for i in range(layers)),
+        activation="gelu_tanh", qk_norm=True, sandwich_norms=True, embed_scale=True)
     g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape, scale=0.08):
-        return (torch.randn(*shape, generator=g) * scale).to(dtype)
-
-    def norm(n):
-        return 1 + torch.rand(n, generator=g) * 0.2
-
-    d, D, H, F = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.ffn_dim
-    layers = [{
-        "attn_q": rand(H * D, d), "attn_k": rand(D, d), "attn_v": rand(D, d),
-        "attn_output": rand(d, H * D), "ffn_gate": rand(F, d), "ffn_up": rand(F, d),
-        "ffn_down": rand(d, F), "attn_norm": norm(d), "attn_q_norm": norm(D),
-        "attn_k_norm": norm(D), "post_attention_norm": norm(d), "ffn_norm": norm(d),
-        "post_ffw_norm": norm(d),
-    } for _ in range(cfg.n_layers)]
-    head = rand(cfg.vocab_size, d, scale=0.15)
-    model = Gemma3(cfg, head, norm(d), layers, transposed=False, compute_dtype=torch.float32).eval()
+    model = TransformerLM(cfg, WeightFormat(dtype, transposed=False), torch.float32)
+    for slot, shape in model.slot_shapes().items():
+        if len(shape) == 1:  # norms
+            model.assign(slot, 1 + torch.rand(*shape, generator=g) * 0.2)
+        else:
+            scale = 0.15 if slot == "embedding" else 0.08
+            model.assign(slot, torch.randn(*shape, generator=g) * scale)
+    model.finish_loading()
     return LoadedModel(path=Path("tiny.gguf"), name="tiny", architecture="gemma3", model=model,
                        config=cfg, tokenizer=tokenizer, template=GemmaTemplate(),
                        device=torch.device("cpu"), dtype=dtype, load_seconds=0.0)

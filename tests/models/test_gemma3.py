@@ -76,7 +76,7 @@ def test_greedy_tokens_match_transformers(fp32_model, reference, case):
 
 def test_prompt_past_the_sliding_window_matches_transformers(fp32_model, long_prompt):
     ids = long_prompt["prompt_ids"]
-    assert len(ids) > fp32_model.config.sliding_window
+    assert len(ids) > max(w for w in fp32_model.kv_facts.windows if w)
     positions = [int(p) for p in long_prompt["positions"]]
     logits = all_logits(fp32_model, ids, chunk=200, at=positions)
     for row, ref in zip(logits, long_prompt["positions"].values()):
@@ -112,11 +112,11 @@ def test_float16_weights_stay_close_to_float32(embedded_model_path, reference, f
 def test_auto_on_the_cpu_holds_float16_and_bfloat16_weights(embedded_model_path, reference,
                                                            fp32_model):
     from app.engine.device import load_on
-    from app.models.gemma3 import DualWeight, linear
+    from app.models.layers import DualWeight, linear
 
     dual = load_on(embedded_model_path, "cpu", "auto")
     assert dual.weights_label == "float16+bfloat16"
-    weight = dual.model.layers[0].ffn_up
+    weight = dual.model.layers[0].up
     assert isinstance(weight, DualWeight)
     assert weight.narrow.dtype == torch.float16 and weight.wide.dtype == torch.bfloat16
     x = torch.randn(1, 640)

@@ -1,0 +1,65 @@
+"""The interface between a model and everything that runs it.
+
+The engine, KV pool, contiguous cache, bench and generate depend on these two small types
+only, never on a model family: a new family implements `CausalLM` and nothing else changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVFacts:
+    """What a KV cache must know to hold a model's keys and values.
+
+    `windows[i]` is how many most recent positions (itself included) a query of layer i may
+    see, or None for a global layer."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    windows: tuple[int | None, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.windows) != self.n_layers:
+            raise ValueError(f"{len(self.windows)} layer windows for {self.n_layers} layers")
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer]
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * torch.finfo(dtype).bits // 8
+
+
+class KVView(Protocol):
+    """Where a forward pass stores the new keys/values and finds all the visible ones.
+
+    `update` is called once per layer with this step's keys and values
+    k, v: [S, Hkv, T, D] and returns (keys, values, mask): keys/values [S, Hkv, L, D] holding
+    every position the step's queries may attend to (the new ones included) and a boolean
+    mask [S, 1, T, L] (True = may attend) that already applies causality, padding and the
+    layer's sliding `window` (None for a global layer).
+    """
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+class CausalLM(Protocol):
+    """A decoder-only language model that keeps no KV state of its own."""
+
+    kv_facts: KVFacts
+    vocab_size: int
+    compute_dtype: torch.dtype  # activations and KV; weights may be narrower
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv: KVView) -> torch.Tensor:
+        """tokens, positions: [S, T] int64 -> final-normed hidden states [S, T, d]."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> float32 logits [..., V]."""
+        ...

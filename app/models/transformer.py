@@ -1,0 +1,325 @@
+"""One decoder-only transformer, configured per family by a `DecoderConfig`.
+
+Llama, Qwen 2/3, Phi-3 and Gemma 2/3 differ in a handful of switches (biases, QK-norm,
+sandwich norms, activation, soft-capping, embedding scale, sliding layers, RoPE layout);
+their blocks are otherwise the same computation. Family modules (`app/models/families/`)
+read a file's hyperparameters into a `DecoderConfig` and map its tensors onto the slots
+below; nothing here knows a family by name.
+
+Construction is in two steps: `TransformerLM(config, weight_format)` builds every module with
+empty weight slots, then the loader `assign`s each slot once (shape-checked) and calls
+`finish_loading()`, which refuses a model with a slot left empty.
+
+The model keeps no KV state: each forward reads and writes keys and values through the
+`KVView` it is given (a contiguous cache for one sequence, or the engine's paged pool).
+
+Shapes: S sequences, T tokens each, d = d_model, H query heads, Hkv key/value heads,
+G = H / Hkv, D head dim, L keys visible to a query, F the MLP width, V the vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from app.models.causal_lm import KVFacts, KVView
+from app.models.errors import ModelError
+from app.models.layers import (ACTIVATIONS, ROPE_HALF, ROPE_INTERLEAVED, RopeSpec, Weight,
+                               WeightFormat, apply_rope, linear, rms_norm, soft_cap)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    architecture: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    context_length: int
+    rms_eps: float
+    rope: RopeSpec  # global (and every) layer
+    rope_local: RopeSpec | None = None  # sliding layers, where they rotate differently
+    windows: tuple[int | None, ...] = ()  # per layer; () = all global
+    activation: str = "silu"
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sandwich_norms: bool = False  # extra norms after attention and after the MLP (Gemma)
+    embed_scale: bool = False  # multiply embeddings by sqrt(d_model) (Gemma)
+    query_scale: float = 0.0  # 0 -> 1 / sqrt(head_dim)
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    tied_head: bool = True
+    extras: dict = field(default_factory=dict, compare=False)  # family facts for display
+
+    def __post_init__(self) -> None:
+        ints = {"vocabulary size": self.vocab_size, "embedding length": self.d_model,
+                "block count": self.n_layers, "head count": self.n_heads,
+                "KV head count": self.n_kv_heads, "head dimension": self.head_dim,
+                "feed-forward length": self.ffn_dim, "context length": self.context_length}
+        for what, value in ints.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ModelError(f"The model's {what} is {value!r}; it must be a positive integer.")
+        if self.n_heads % self.n_kv_heads:
+            raise ModelError(f"{self.n_heads} query heads cannot share {self.n_kv_heads} KV heads evenly.")
+        if self.head_dim % 2:
+            raise ModelError(f"The head dimension {self.head_dim} is odd; rotary embeddings need it even.")
+        if not (math.isfinite(self.rms_eps) and 0 < self.rms_eps < 1):
+            raise ModelError(f"The model's RMS norm epsilon {self.rms_eps!r} is not a small positive number.")
+        for spec in (self.rope, self.rope_local):
+            if spec is None:
+                continue
+            if not (math.isfinite(spec.base) and spec.base > 1):
+                raise ModelError(f"The model's RoPE base {spec.base!r} must be a finite number above 1.")
+            if not (0 < spec.rotary_dim <= self.head_dim and spec.rotary_dim % 2 == 0):
+                raise ModelError(f"The model rotates {spec.rotary_dim} of {self.head_dim} head dimensions; "
+                                 "that must be an even number no larger than the head.")
+            if spec.style not in (ROPE_HALF, ROPE_INTERLEAVED):
+                raise ModelError(f"Unknown RoPE layout {spec.style!r}.")
+            if spec.freq_factors is not None and len(spec.freq_factors) != spec.rotary_dim // 2:
+                raise ModelError(f"The model has {len(spec.freq_factors)} RoPE frequency factors for "
+                                 f"{spec.rotary_dim // 2} frequencies.")
+            if not (math.isfinite(spec.position_scale) and spec.position_scale > 0):
+                raise ModelError(f"The model's RoPE scaling factor {spec.position_scale!r} is not positive.")
+        if self.windows and len(self.windows) != self.n_layers:
+            raise ModelError(f"{len(self.windows)} layer windows for {self.n_layers} layers.")
+        if any(w is not None and w <= 0 for w in self.windows):
+            raise ModelError("The model's sliding window must be positive.")
+        if self.activation not in ACTIVATIONS:
+            raise ModelError(f"Unknown activation {self.activation!r}.")
+        for what, cap in (("attention", self.attn_softcap), ("final", self.final_softcap)):
+            if cap is not None and not (math.isfinite(cap) and cap > 0):
+                raise ModelError(f"The model's {what} logit soft-cap {cap!r} must be positive.")
+        if not (math.isfinite(self.query_scale) and self.query_scale >= 0):
+            raise ModelError(f"The model's query scale {self.query_scale!r} is invalid.")
+
+    @property
+    def kv_facts(self) -> KVFacts:
+        windows = self.windows or (None,) * self.n_layers
+        return KVFacts(self.n_layers, self.n_kv_heads, self.head_dim, tuple(windows))
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if self.windows else None
+
+    def rope_for(self, layer: int) -> RopeSpec:
+        if self.rope_local is not None and self.window(layer) is not None:
+            return self.rope_local
+        return self.rope
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale or 1.0 / math.sqrt(self.head_dim)
+
+
+class DecoderLayer(torch.nn.Module):
+    """One block: [norm -> attention (-> norm)] + x, [norm -> gated MLP (-> norm)] + x."""
+
+    def __init__(self, cfg: DecoderConfig, index: int, fmt: WeightFormat):
+        super().__init__()
+        self.cfg, self.index, self.fmt = cfg, index, fmt
+        self.window = cfg.window(index)
+        self.rope = cfg.rope_for(index)
+        self.act = ACTIVATIONS[cfg.activation]
+        # Weight slots, filled by `assign`. Linear weights in `fmt`'s layout, vectors float32.
+        self.attn_norm: torch.Tensor | None = None
+        self.q: Weight | None = None
+        self.k: Weight | None = None
+        self.v: Weight | None = None
+        self.o: Weight | None = None
+        self.q_bias: torch.Tensor | None = None
+        self.k_bias: torch.Tensor | None = None
+        self.v_bias: torch.Tensor | None = None
+        self.q_norm: torch.Tensor | None = None
+        self.k_norm: torch.Tensor | None = None
+        self.post_attn_norm: torch.Tensor | None = None
+        self.ffn_norm: torch.Tensor | None = None
+        self.gate: Weight | None = None
+        self.up: Weight | None = None
+        self.down: Weight | None = None
+        self.post_ffn_norm: torch.Tensor | None = None
+
+    def slot_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight this layer needs, [out, in] for linear ones, as the loader fills them."""
+        c = self.cfg
+        d, D, q_out, kv_out = c.d_model, c.head_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        shapes = {"attn_norm": (d,), "q": (q_out, d), "k": (kv_out, d), "v": (kv_out, d),
+                  "o": (d, q_out), "ffn_norm": (d,), "gate": (c.ffn_dim, d),
+                  "up": (c.ffn_dim, d), "down": (d, c.ffn_dim)}
+        if c.qkv_bias:
+            shapes |= {"q_bias": (q_out,), "k_bias": (kv_out,), "v_bias": (kv_out,)}
+        if c.qk_norm:
+            shapes |= {"q_norm": (D,), "k_norm": (D,)}
+        if c.sandwich_norms:
+            shapes |= {"post_attn_norm": (d,), "post_ffn_norm": (d,)}
+        return shapes
+
+    LINEAR_SLOTS = frozenset({"q", "k", "v", "o", "gate", "up", "down"})
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
+                ) -> torch.Tensor:
+        eps = self.cfg.rms_eps
+        h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv)
+        if self.post_attn_norm is not None:
+            h = rms_norm(h, self.post_attn_norm, eps)
+        x = x + h
+        h = self.mlp(rms_norm(x, self.ffn_norm, eps))
+        if self.post_ffn_norm is not None:
+            h = rms_norm(h, self.post_ffn_norm, eps)
+        return x + h
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.fmt.transposed
+        return linear(self.act(linear(x, self.gate, t)) * linear(x, self.up, t), self.down, t)
+
+    def _project(self, x: torch.Tensor, w: Weight, bias: torch.Tensor | None, heads: int
+                 ) -> torch.Tensor:
+        """x [S, T, d] -> [S, heads, T, D]."""
+        S, T, _ = x.shape
+        y = linear(x, w, self.fmt.transposed)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.view(S, T, heads, self.cfg.head_dim).transpose(1, 2)
+
+    def attention(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
+                  ) -> torch.Tensor:
+        c = self.cfg
+        S, T, _ = x.shape
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        q = self._project(x, self.q, self.q_bias, H)  # [S, H, T, D]
+        k = self._project(x, self.k, self.k_bias, Hkv)  # [S, Hkv, T, D]
+        v = self._project(x, self.v, self.v_bias, Hkv)
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, c.rms_eps), rms_norm(k, self.k_norm, c.rms_eps)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin, self.rope.style), apply_rope(k, cos, sin, self.rope.style)
+        keys, values, mask = kv.update(self.index, k, v, self.window)
+        # Fold the G query heads that share a KV head into the query axis: plain SDPA on
+        # every backend (no enable_gqa, no repeat_interleave of the keys). Query head h uses
+        # KV head h // G, as Hugging Face's repeat_kv and llama.cpp do.
+        G = H // Hkv
+        q = q.reshape(S, Hkv, G * T, D)
+        if G > 1:
+            mask = mask.repeat(1, 1, G, 1)  # rows g*T + t use query t's mask
+        if c.attn_softcap is None:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 scale=c.attention_scale)
+        else:
+            out = _softcapped_attention(q, keys, values, mask, c.attention_scale, c.attn_softcap)
+        out = out.view(S, H, T, D).transpose(1, 2).reshape(S, T, H * D)
+        return linear(out, self.o, self.fmt.transposed)
+
+
+def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                          scale: float, cap: float) -> torch.Tensor:
+    """Attention whose scores are soft-capped before the softmax (Gemma 2); SDPA cannot."""
+    scores = soft_cap((q @ k.transpose(-1, -2)).float() * scale, cap)  # [S, Hkv, G*T, L]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+
+
+class TransformerLM(torch.nn.Module):
+    """The whole decoder; implements `app.models.causal_lm.CausalLM`.
+
+    With a tied head the output projection multiplies by the token embedding, stored once in
+    the linear layout; the embedding lookup gathers from it (rows [V, d], or columns when
+    the layout is transposed [d, V])."""
+
+    def __init__(self, cfg: DecoderConfig, fmt: WeightFormat, compute_dtype: torch.dtype):
+        super().__init__()
+        self.cfg, self.fmt = cfg, fmt
+        self.compute_dtype = compute_dtype
+        self.vocab_size = cfg.vocab_size
+        self.kv_facts = cfg.kv_facts
+        self.layers = torch.nn.ModuleList(DecoderLayer(cfg, i, fmt) for i in range(cfg.n_layers))
+        self.embedding: Weight | None = None  # [V, d], in the linear layout when tied
+        self.output_norm: torch.Tensor | None = None
+        self.head: Weight | None = None  # untied output projection [V, d]
+        self._ropes = tuple(dict.fromkeys(layer.rope for layer in self.layers))
+
+    # ---- loading -------------------------------------------------------------------------
+
+    def slot_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight the model needs, by slot name: "embedding", "output_norm", "head"
+        (untied only) and "layers.{i}.{slot}"."""
+        c = self.cfg
+        shapes = {"embedding": (c.vocab_size, c.d_model), "output_norm": (c.d_model,)}
+        if not c.tied_head:
+            shapes["head"] = (c.vocab_size, c.d_model)
+        for i, layer in enumerate(self.layers):
+            shapes |= {f"layers.{i}.{slot}": shape for slot, shape in layer.slot_shapes().items()}
+        return shapes
+
+    def assign(self, slot: str, tensor: torch.Tensor) -> None:
+        """Put one float32 weight in its slot, converted to the model's weight format."""
+        expected = self.slot_shapes().get(slot) if not slot.startswith("layers.") else None
+        owner, name = self, slot
+        if slot.startswith("layers."):
+            _, index, name = slot.split(".", 2)
+            owner = self.layers[int(index)]
+            expected = owner.slot_shapes().get(name)
+        if expected is None:
+            raise ModelError(f"The model has no weight slot {slot!r}.")
+        if tuple(tensor.shape) != expected:
+            raise ModelError(f"Weight {slot!r} has shape {tuple(tensor.shape)}, expected {expected}.")
+        if not torch.isfinite(tensor).all():
+            raise ModelError(f"Weight {slot!r} contains NaN or infinite values; the file is damaged.")
+        is_linear = name in DecoderLayer.LINEAR_SLOTS or name == "head" or (
+            name == "embedding" and self.cfg.tied_head)
+        if is_linear:
+            value = self.fmt.prepare(tensor)
+        elif name == "embedding":
+            value = tensor.to(self.fmt.dtype)
+        else:
+            value = tensor.float()  # norms and biases stay float32
+        setattr(owner, name, value)
+
+    def finish_loading(self) -> "TransformerLM":
+        missing = [slot for slot in self.slot_shapes() if self._slot_value(slot) is None]
+        if missing:
+            raise ModelError(f"The model file lacks {len(missing)} weights (first: {missing[0]}); "
+                             "it is incomplete.")
+        return self.eval()
+
+    def _slot_value(self, slot: str):
+        if slot.startswith("layers."):
+            _, index, name = slot.split(".", 2)
+            return getattr(self.layers[int(index)], name)
+        return getattr(self, slot)
+
+    # ---- running -------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.output_norm.device
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        flat = tokens.reshape(-1)
+        table = self.fmt.rows_table(self.embedding)
+        if self.cfg.tied_head and self.fmt.transposed:
+            x = table.index_select(1, flat).t()
+        else:
+            x = table[flat]
+        x = x.to(self.compute_dtype)
+        if self.cfg.embed_scale:
+            # The scale is rounded to the activation dtype first, as the reference does.
+            scale = torch.tensor(math.sqrt(self.cfg.d_model), dtype=self.compute_dtype, device=x.device)
+            x = x * scale
+        return x.view(*tokens.shape, -1)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, kv: KVView) -> torch.Tensor:
+        """tokens, positions: [S, T] int64 -> final-normed hidden states [S, T, d]."""
+        x = self.embed(tokens)
+        tables = {spec: spec.tables(positions, x.dtype) for spec in self._ropes}
+        for layer in self.layers:
+            x = layer(x, tables[layer.rope], kv)
+        return rms_norm(x, self.output_norm, self.cfg.rms_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> float32 logits [..., V]."""
+        head = self.embedding if self.cfg.tied_head else self.head
+        return soft_cap(linear(hidden, head, self.fmt.transposed).float(), self.cfg.final_softcap)

@@ -2,6 +2,9 @@
 
 Order (the ONE place it is decided):
   1. a UTF-32 or UTF-16 byte-order mark decides the encoding;
+  1b. without a mark, UTF-16 is recognised by its NUL bytes: text in Latin scripts stored as
+     UTF-16 has a NUL as the high byte of nearly every character -- at odd offsets for
+     little-endian, even ones for big-endian -- and almost none at the other offsets;
   2. a known file signature, or more than a stray NUL or control byte in the first
      `SNIFF_BYTES`, means the file is binary (a stray NUL in a log is stripped later);
   3. strict UTF-8 (a UTF-8 byte-order mark is dropped);
@@ -56,6 +59,9 @@ def decode_text(data: bytes, name: str) -> str:
         if data.startswith(mark):
             return _decode_with_mark(data, codec, name)
     sample = data[:SNIFF_BYTES]
+    utf16 = _utf16_without_mark(data, sample)
+    if utf16 is not None:
+        return utf16
     what = binary_description(sample)
     if what is not None:
         raise DocumentError(name, f"it is {what}, not a text document.")
@@ -78,6 +84,35 @@ def binary_description(sample: bytes) -> str | None:
             or _share(sample, _CONTROL_BYTES) > MAX_CONTROL_SHARE):
         return "a binary file (for example a program, an image or an archive)"
     return None
+
+
+# UTF-16 without a mark: at least this share of the code units in the sample have a NUL
+# high byte, and at most MAX_NUL_SHARE of them a NUL low byte.
+MIN_UTF16_NUL_HIGH_SHARE = 0.30
+
+
+def _utf16_without_mark(data: bytes, sample: bytes) -> str | None:
+    """The text of UTF-16 data without a byte-order mark, or None when it is not that."""
+    sample = sample[: len(sample) // 2 * 2]
+    if len(sample) < 4 or len(data) % 2:
+        return None
+    units = len(sample) // 2
+    even_nuls, odd_nuls = sample[0::2].count(0) / units, sample[1::2].count(0) / units
+    if odd_nuls >= MIN_UTF16_NUL_HIGH_SHARE and even_nuls <= MAX_NUL_SHARE:
+        codec = "utf-16-le"
+    elif even_nuls >= MIN_UTF16_NUL_HIGH_SHARE and odd_nuls <= MAX_NUL_SHARE:
+        codec = "utf-16-be"
+    else:
+        return None
+    try:
+        text = data.decode(codec)
+    except UnicodeDecodeError:
+        return None
+    # Numbers stored as 16-bit integers have the same NUL pattern; text has few control codes.
+    head = text[:SNIFF_BYTES].encode("latin-1", errors="replace")
+    if _share(head, _CONTROL_BYTES) > MAX_CONTROL_SHARE:
+        return None
+    return text
 
 
 def _decode_with_mark(data: bytes, codec: str, name: str) -> str:

@@ -18,8 +18,9 @@ import docx
 import pytest
 from pypdf import PdfWriter
 
-from app.documents import (SUPPORTED_SUFFIXES, Document, DocumentError, extract_document,
-                           format_for_prompt, is_probably_supported)
+from app.documents import (SUPPORTED_SUFFIXES, Document, DocumentError, DocumentLimits,
+                           extract_document, extract_text, format_for_prompt,
+                           is_probably_supported)
 
 
 def make_pdf(page_texts: list[str | None]) -> bytes:
@@ -230,12 +231,10 @@ def test_text_named_docx_is_damaged(tmp_path):
     refused(write(tmp_path / "fake.docx", "just text\n"), "damaged")
 
 
-def test_docx_that_unpacks_too_large_is_refused_before_parsing(tmp_path, monkeypatch):
-    from app.documents import readers
-
+def test_docx_that_unpacks_too_large_is_refused_before_parsing(tmp_path):
     make_docx(tmp_path / "bomb.docx")
-    monkeypatch.setattr(readers, "MAX_DOCX_UNPACKED_BYTES", 1024)
-    refused(tmp_path / "bomb.docx", "unpacks to", "limit")
+    with pytest.raises(DocumentError, match="unpacks to .* the limit"):
+        extract_text(tmp_path / "bomb.docx", limits=DocumentLimits(max_docx_unpacked_bytes=1024))
 
 
 def test_office_formats_other_than_docx_say_how_to_convert(tmp_path):

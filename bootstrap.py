@@ -69,8 +69,9 @@ def main() -> int:
     run(py, "-c", "import sys; from app.paths import models_dir; from app.models.embedded import "
                   "ensure_embedded_model; print('Model ready:', "
                   "ensure_embedded_model(models_dir(sys.argv[1] or None)))", data_dir or "")
+    gui_ok = subprocess.call([py, "-m", "app.ui.platform_check"]) == 0  # prints the apt command
     if args[:1] == ["--run"]:
-        return subprocess.call([py, "-m", "app", *args[1:]])
+        return subprocess.call([py, "-m", "app", *args[1:]]) if gui_ok else 1
     return 0
 
 

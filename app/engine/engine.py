@@ -9,7 +9,7 @@ prefill chunk -> sample -> report. Decode comes first so streams never wait behi
 prompt; the chunk budget keeps a step close to a decode step while others stream, and opens
 up to `prefill_chunk` tokens when no one is waiting for a token.
 
-Invariants (the seed's, see DESIGN.md):
+Invariants (docs/ARCHITECTURE.md, "The engine's invariants"):
   - a prefill starts at `request.written`, read off the KV; adopted and cold prefixes take
     one path;
   - an adopted prefix is backed off so at least one prompt token is left to run;

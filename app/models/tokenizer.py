@@ -3,7 +3,7 @@
 Encoding is delegated to the `sentencepiece` library: a `ModelProto` is assembled from the
 GGUF tokens, scores and token types (BPE, byte fallback, identity normalizer, no dummy prefix,
 whitespace escaping on, no extra-whitespace removal). That tokenizes exactly like llama.cpp,
-given two adjustments (see DESIGN.md, "Tokenizer facts"):
+given two adjustments:
 
 * the GGUF stores the user-defined whitespace-run tokens ("  ", "   ", ...) with real spaces,
   while SentencePiece matches escaped text, so they are respelled with U+2581 ('▁');

@@ -10,7 +10,11 @@ import sys
 import pytest
 
 
-def run_app(*args: str, stdin: str = "", data_dir=None, timeout: int = 300):
+# Only ends a hang: each run waits for its process to exit, however slow a loaded machine is.
+SAFETY_TIMEOUT_S = 900
+
+
+def run_app(*args: str, stdin: str = "", data_dir=None, timeout: int = SAFETY_TIMEOUT_S):
     env = dict(os.environ)
     if data_dir is not None:
         env["FERROX_DATA_DIR"] = str(data_dir)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import openai
@@ -32,6 +33,9 @@ pytestmark = pytest.mark.slow
 
 MODEL_ID = "gemma-test"
 KV_TOKENS = 8192  # small KV memory: a request for more must be refused with a 400
+# Tests wait for events (a ready line, a request ending), never for a fixed time; this bound
+# only ends a hang, and is generous so a loaded machine never trips it.
+SAFETY_TIMEOUT_S = 900
 
 STORY = ("The lighthouse keeper of Grey Island kept a logbook for forty years. Every night "
          "he wrote down the weather, the ships that passed, the birds that rested on the "
@@ -53,9 +57,9 @@ class Running:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def client(self) -> OpenAI:
-        return OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=120)
+        return OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=SAFETY_TIMEOUT_S)
 
-    def wait_idle(self, timeout: float = 10.0) -> None:
+    def wait_idle(self, timeout: float = SAFETY_TIMEOUT_S) -> None:
         """Until the engine has nothing to do (then its thread only sleeps)."""
         deadline = time.monotonic() + timeout
         while self.engine.has_work:
@@ -76,7 +80,7 @@ def server(embedded_model_path):
     sock = listen("127.0.0.1", 0)
     thread = threading.Thread(target=api.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
     while not api.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
@@ -218,7 +222,7 @@ def test_two_chats_stream_at_once(server):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(SAFETY_TIMEOUT_S)
     assert sorted(results) == [0, 1]
     for text, chunks in results.values():
         assert text
@@ -372,12 +376,13 @@ def test_client_disconnecting_mid_stream_aborts_the_request(server):
     seen = len(server.finished)
     body = {"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 200,
             "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", f"{server.url}/completions", json=body,
+                      timeout=SAFETY_TIMEOUT_S) as response:
         assert response.status_code == 200
         first = next(line for line in response.iter_lines() if line.startswith("data: "))
         assert json.loads(first.removeprefix("data: "))["choices"][0]["text"]
     # Leaving the block closed the connection mid-reply.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
     while len(server.finished) == seen:
         assert time.monotonic() < deadline, "the request never ended"
         time.sleep(0.02)
@@ -392,7 +397,7 @@ def test_client_giving_up_on_a_plain_request_aborts_it(server):
     body = {"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/completions", json=body, timeout=httpx.Timeout(5, read=0.5))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
     while len(server.finished) == seen:
         assert time.monotonic() < deadline, "the request never ended"
         time.sleep(0.02)
@@ -413,15 +418,44 @@ def _start_cli_server(model_path, port: int, data_dir) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _wait_until_serving(proc: subprocess.Popen, url: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, proc.communicate()[1]
+@dataclass
+class _StdoutLines:
+    """A process's stdout read line by line on a thread: `lines` so far, and `next_line()` to
+    wait for the next one (None once the process closed its stdout)."""
+
+    proc: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+    _queue: queue.Queue = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def next_line(self) -> str | None:
         try:
-            return httpx.get(f"{url}/models", timeout=2).json()
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+            return self._queue.get(timeout=SAFETY_TIMEOUT_S)
+        except queue.Empty:
+            pytest.fail(f"no output from the server in {SAFETY_TIMEOUT_S} s")
+
+    def join(self) -> str:
+        self._thread.join(SAFETY_TIMEOUT_S)
+        return "".join(self.lines)
+
+
+def _wait_until_serving(proc: subprocess.Popen, stdout: _StdoutLines, url: str) -> dict:
+    """Waits for the "Serving ... at <url>" line the command prints once the model is loaded
+    and its socket listens -- however long loading takes -- then asks for the model list."""
+    while True:
+        line = stdout.next_line()
+        assert line is not None, f"the server exited before serving: {proc.communicate()[1]}"
+        if line.startswith("Serving ") and url in line:
+            return httpx.get(f"{url}/models", timeout=SAFETY_TIMEOUT_S).json()
 
 
 def _free_port() -> int:
@@ -434,32 +468,35 @@ def test_serve_command_answers_and_stops_on_a_signal(embedded_model_path, tmp_pa
     port = _free_port()
     url = f"http://127.0.0.1:{port}/v1"
     proc = _start_cli_server(embedded_model_path, port, tmp_path)
+    stdout = _StdoutLines(proc)
     try:
-        models = _wait_until_serving(proc, url)
+        models = _wait_until_serving(proc, stdout, url)
         assert [m["id"] for m in models["data"]] == [embedded_model_path.stem]
         # A reply in flight when the signal arrives is stopped, not waited for.
         body = {"model": "x", "prompt": "Once upon a time", "max_tokens": 2000,
                 "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"{url}/completions", json=body, timeout=60) as response:
+        with httpx.stream("POST", f"{url}/completions", json=body,
+                          timeout=SAFETY_TIMEOUT_S) as response:
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data: "))
             proc.send_signal(sig)
             rest = [line for line in lines if line.startswith("data: ")]
         assert "server_shutting_down" in rest[-1]
-        proc.wait(30)
+        proc.wait(SAFETY_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
-    stdout, stderr = proc.communicate()
+    output = stdout.join()
+    stderr = proc.stderr.read()
     # uvicorn re-raises SIGTERM once it has shut down cleanly; Ctrl+C exits normally.
     assert proc.returncode in (0, -signal.SIGTERM), stderr
-    assert f"http://127.0.0.1:{port}/v1" in stdout
+    assert f"http://127.0.0.1:{port}/v1" in output
     assert "Traceback" not in stderr
 
 
 def test_serve_command_fails_fast_on_a_busy_port(server, tmp_path):
     proc = _start_cli_server("/nonexistent.gguf", server.port, tmp_path)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=SAFETY_TIMEOUT_S)
     assert proc.returncode == 1
     assert stderr.strip().splitlines() == [
         f"error: Cannot listen on 127.0.0.1:{server.port}: Address already in use."]

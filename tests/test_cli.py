@@ -27,6 +27,7 @@ def model_arg(embedded_model_path):
     return ["--model", str(embedded_model_path)]
 
 
+@pytest.mark.slow
 def test_generate_json_greedy_matches_reference(model_arg, shared_dir):
     ref = json.loads((shared_dir / "reference" / "gemma3-270m-reference.json").read_text())["cases"][0]
     ids = ",".join(map(str, ref["prompt_ids"]))
@@ -47,6 +48,7 @@ def test_generate_json_greedy_matches_reference(model_arg, shared_dir):
     assert set(out["timings"]) == {"load_s", "prefill_s", "decode_tokens_per_s"}
 
 
+@pytest.mark.slow
 def test_generate_text_streams_to_stdout_with_bos_and_seed(model_arg):
     args = ["generate", *model_arg, "--prompt", "Once upon a time", "--max-tokens", "12",
             "--seed", "7", "--temperature", "0.9"]
@@ -55,6 +57,7 @@ def test_generate_text_streams_to_stdout_with_bos_and_seed(model_arg):
     assert first.stdout.strip() and first.stdout == second.stdout  # same seed, same text
 
 
+@pytest.mark.slow
 def test_generate_chat_wraps_the_prompt_in_a_user_turn(model_arg):
     proc = run_app("generate", *model_arg, "--prompt", "Hi", "--chat", "--max-tokens", "2",
                    "--temperature", "0", "--json")
@@ -62,6 +65,7 @@ def test_generate_chat_wraps_the_prompt_in_a_user_turn(model_arg):
     assert json.loads(proc.stdout)["prompt_ids"][:3] == [2, 105, 2364]
 
 
+@pytest.mark.slow
 def test_tokenize_plain_special_and_jsonl(model_arg):
     proc = run_app("tokenize", *model_arg, stdin="Hello, world!")
     assert json.loads(proc.stdout) == [9259, 236764, 1902, 236888]
@@ -94,6 +98,7 @@ def test_a_broken_model_file_is_refused_clearly(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_out_of_vocabulary_ids_and_too_long_prompts_are_refused(model_arg):
     proc = run_app("generate", *model_arg, "--prompt-ids", "2,999999")
     assert proc.returncode == 1 and "outside the vocabulary" in proc.stderr

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Container, Mapping, Protocol, Sequence
 
 from app.models.errors import ModelError
+from app.models.reasoning import prompt_opens_reasoning
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -348,7 +349,8 @@ def template_from_source(source: str | Sequence[Mapping[str, str]], *, bos_token
 
 def template_for(metadata: Mapping[str, Any], architecture: str) -> ChatTemplate:
     """The chat template for a GGUF file: `tokenizer.chat_template` (with
-    `tokenizer.chat_template.tool_use` for tools) when present, else `fallback_template`."""
+    `tokenizer.chat_template.tool_use` for tools) when present, else `fallback_template`.
+    A template that does not compile also falls back, its error in the fallback's `notice`."""
     tokens = metadata.get("tokenizer.ggml.tokens") or []
 
     def piece(key: str) -> str:
@@ -360,17 +362,41 @@ def template_for(metadata: Mapping[str, Any], architecture: str) -> ChatTemplate
     if isinstance(source, str) and source.strip():
         tool_use = metadata.get("tokenizer.chat_template.tool_use")
         special = {"unk_token": piece("unknown"), "pad_token": piece("padding")}
-        return JinjaTemplate(source, bos, eos, special_tokens=special,
-                             tool_source=tool_use if isinstance(tool_use, str) and tool_use.strip() else None)
+        try:
+            return JinjaTemplate(source, bos, eos, special_tokens=special,
+                                 tool_source=tool_use if isinstance(tool_use, str) and tool_use.strip() else None)
+        except ChatTemplateError as exc:  # the model stays usable, with a format that says it is a guess
+            fallback = fallback_template(architecture, tokens, bos_token=bos, eos_token=eos)
+            fallback.notice = f"{exc} Using the {fallback.name} format instead."
+            return fallback
     return fallback_template(architecture, tokens, bos_token=bos, eos_token=eos)
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered conversation: its text (without the BOS that `ids` starts with, if any), its
+    token ids, and whether the reply starts inside a thinking block the prompt opened (an R1
+    distill's `<think>\n`): `ReasoningSplitter(starts_in_reasoning=...)` takes it."""
+
+    text: str
+    ids: list[int]
+    starts_in_reasoning: bool
+
+
+def chat_prompt(tokenizer, template: ChatTemplate, messages: Sequence[Message],
+                add_generation_prompt: bool = True, *, tools: Sequence[Mapping[str, Any]] | None = None,
+                **options: Any) -> ChatPrompt:
+    """Render and encode a conversation: exactly one BOS when the model wants one, then the turns."""
+    text = template.render(messages, add_generation_prompt, tools=tools, **options)
+    bos = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    if bos and template.bos_token and text.startswith(template.bos_token):
+        text = text[len(template.bos_token):]
+    ids = bos + tokenizer.encode(text, special=True)
+    return ChatPrompt(text, ids, add_generation_prompt and prompt_opens_reasoning(text))
 
 
 def encode_chat(tokenizer, template: ChatTemplate, messages: Sequence[Message],
                 add_generation_prompt: bool = True, *, tools: Sequence[Mapping[str, Any]] | None = None,
                 **options: Any) -> list[int]:
-    """Token ids for a conversation: exactly one BOS when the model wants one, then the turns."""
-    text = template.render(messages, add_generation_prompt, tools=tools, **options)
-    bos = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
-    if bos and template.bos_token and text.startswith(template.bos_token):
-        text = text[len(template.bos_token):]
-    return bos + tokenizer.encode(text, special=True)
+    """Token ids for a conversation (`chat_prompt(...).ids`)."""
+    return chat_prompt(tokenizer, template, messages, add_generation_prompt, tools=tools, **options).ids

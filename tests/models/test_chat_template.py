@@ -11,6 +11,7 @@ from app.models.chat_template import (
     GemmaTemplate,
     JinjaTemplate,
     Message,
+    chat_prompt,
     encode_chat,
     fallback_template,
     template_for,
@@ -264,6 +265,22 @@ def test_a_template_writing_bos_still_gives_one_bos(embedded_model_path):
     assert encode_chat(tok, GemmaTemplate(), messages) == builtin_ids[1:]
 
 
+def test_chat_prompt_gives_text_ids_and_where_the_reply_starts(embedded_model_path):
+    from app.models.gguf_file import GGUFFile
+    from app.models.tokenizer import Tokenizer
+
+    with GGUFFile(embedded_model_path) as f:
+        tok = Tokenizer.from_gguf(f)
+    messages = [Message("user", "Hi")]
+    prompt = chat_prompt(tok, _ours("google-gemma-3-it.jinja"), messages)
+    assert prompt.text == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert prompt.ids == [tok.bos_id] + tok.encode(prompt.text, special=True)
+    assert not prompt.starts_in_reasoning
+    r1 = _ours("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
+    assert chat_prompt(tok, r1, messages).starts_in_reasoning
+    assert not chat_prompt(tok, r1, messages, add_generation_prompt=False).starts_in_reasoning
+
+
 # -- stops --------------------------------------------------------------------------------------
 
 
@@ -342,9 +359,17 @@ def test_template_from_source_picks_the_default_of_named_templates():
         template_from_source([{"name": "tool_use", "template": "T"}], bos_token="", eos_token="")
 
 
-def test_broken_jinja_template_is_a_model_error():
-    with pytest.raises(ModelError, match="chat template"):
-        template_for({"tokenizer.chat_template": "{% for %}"}, "llama")
+def test_a_template_that_does_not_compile_falls_back_and_says_so():
+    with pytest.raises(ModelError, match="chat template is invalid"):
+        JinjaTemplate("{% for %}")
+    with pytest.raises(ChatTemplateError, match="chat template is invalid"):
+        template_from_source("{{ x | no_such_filter }}", bos_token="", eos_token="")
+    metadata = {"tokenizer.chat_template": "{% for %}", "tokenizer.ggml.tokens": ["<unk>", "<|im_start|>"]}
+    template = template_for(metadata, "llama")
+    assert template.name == "chatml"
+    assert template.notice.startswith("This model's chat template is invalid: ")
+    assert template.notice.endswith("Using the chatml format instead.")
+    assert GemmaTemplate.notice is None and template_for({}, "gemma3").notice is None
 
 
 # -- untrusted templates: bounded and sandboxed ---------------------------------------------------

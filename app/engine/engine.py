@@ -27,7 +27,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -192,6 +192,9 @@ class Engine:
         loaded = self.loaded
         stop_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else loaded.stop_token_ids)
+        template_stops = getattr(loaded.template, "stop_strings", ())
+        if template_stops and not params.ignore_eos:  # formats whose turns end in plain text
+            params = replace(params, stop=tuple(params.stop) + tuple(template_stops))
         request = Request(id=request_id, prompt_ids=prompt_ids, params=params,
                           stop_token_ids=stop_ids, stream=loaded.tokenizer.stream_decoder(),
                           tokens=prompt_ids or [loaded.filler_token_id])

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from app.models.causal_lm import CausalLM, KVFacts
-from app.models.chat_template import ChatTemplate, template_for, template_from_source
+from app.models.chat_template import (ChatTemplate, fallback_template, template_for,
+                                      template_from_source)
 from app.models.errors import ModelError
 from app.models.families.common import HFConfig
 from app.models.gguf_file import GGUFFile
@@ -196,7 +197,18 @@ def _hf_template(folder: Path, arch: str, tokenizer) -> ChatTemplate:
     if isinstance(source, str) and source.strip():
         return template_from_source(source, bos_token=_token_text(config.get("bos_token")),
                                     eos_token=_token_text(config.get("eos_token")))
-    return template_for({}, arch)
+    return fallback_template(arch, _Vocabulary(tokenizer), bos_token=_token_text(config.get("bos_token")),
+                             eos_token=_token_text(config.get("eos_token")))
+
+
+class _Vocabulary:
+    """`piece in vocabulary`, asked of a tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __contains__(self, piece: object) -> bool:
+        return isinstance(piece, str) and self.tokenizer.token_id(piece) is not None
 
 
 def _token_text(value) -> str:

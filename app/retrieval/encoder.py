@@ -43,13 +43,17 @@ class SentenceEncoder:
                       if not k.startswith("pooler.") and k != "embeddings.position_ids"}
         if self.w["embeddings.word_embeddings.weight"].shape[1] != DIMENSIONS:
             raise ModelError("The document-search model is not all-MiniLM-L6-v2 (wrong width).")
+        # Two copies: one cuts inputs at the model's limit, one counts whole texts.
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(self.max_tokens)
         self.tokenizer.no_padding()
+        self._counter = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._counter.no_truncation()
+        self._counter.no_padding()
 
     def count_tokens(self, text: str) -> int:
         """Word pieces of `text` without [CLS]/[SEP] and without truncation."""
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self._counter.encode(text, add_special_tokens=False).ids)
 
     @torch.inference_mode()
     def encode(self, texts: list[str]) -> torch.Tensor:

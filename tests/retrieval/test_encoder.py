@@ -33,3 +33,9 @@ def test_the_model_is_unpacked_once(encoder_folder, tmp_path):
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert ensure_embedding_model(tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_counting_sees_whole_texts_while_encoding_cuts_at_the_limit(encoder):
+    long_text = "word " * 1000
+    assert encoder.count_tokens(long_text) == 1000
+    assert torch.allclose(encoder.encode([long_text]), encoder.encode([long_text + " more words"]), atol=1e-6)

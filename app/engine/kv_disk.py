@@ -136,8 +136,7 @@ class KVDiskStore:
             raise ValueError(f"page of shape {tuple(kv.shape)} / {len(tokens)} tokens does not fit the store")
         payload = kv.to(self.identity.torch_dtype).contiguous().view(torch.uint8).numpy().tobytes()
         header = json.dumps({"identity": self.identity.digest.hex(), "key": key, "parent": parent,
-                             "tokens": list(map(int, tokens)), "crc32": zlib.crc32(payload),
-                             "owners": [owner] if owner else []}).encode()
+                             "tokens": list(map(int, tokens)), "crc32": zlib.crc32(payload)}).encode()
         data = MAGIC + _HEADER_LEN.pack(len(header)) + header + payload
         path.parent.mkdir(exist_ok=True)
         try:
@@ -146,6 +145,8 @@ class KVDiskStore:
             log.warning("KV cache on disk: writing stopped (%s)", exc)
             self.writable = False
             return False
+        if owner is not None:
+            self._add_owner(key, owner)
         return True
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
@@ -213,19 +214,6 @@ class KVDiskStore:
         except OSError:
             pass
 
-    def _header(self, path: Path) -> dict | None:
-        try:
-            with path.open("rb") as f:
-                head = f.read(len(MAGIC) + _HEADER_LEN.size)
-                if not head.startswith(MAGIC) or len(head) < len(MAGIC) + _HEADER_LEN.size:
-                    return None
-                (length,) = _HEADER_LEN.unpack_from(head, len(MAGIC))
-                if length > _MAX_HEADER:
-                    return None
-                return json.loads(f.read(length))
-        except (OSError, ValueError):
-            return None
-
     # ---- owners and budget -------------------------------------------------------------------
 
     def _add_owner(self, key: str, owner: str) -> None:
@@ -239,15 +227,11 @@ class KVDiskStore:
             log.warning("KV cache on disk: cannot record an owner (%s)", exc)
 
     def _owners(self, path: Path) -> set[str]:
-        header = self._header(path) or {}
-        owners = set(header.get("owners") or [])
         side = path.with_suffix(".owners")
-        if side.exists():
-            try:
-                owners |= set(side.read_text().split())
-            except OSError:
-                pass
-        return owners
+        try:
+            return set(side.read_text().split()) if side.exists() else set()
+        except OSError:
+            return set()
 
     def _page_files(self) -> list[Path]:
         return list(self.folder.glob("??/*.kv"))

@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (the default takes local connections only)")
     srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--kv-dir", default=None, metavar="DIR",
+                     help="keep the prefix cache on disk in DIR, so conversations resume warm "
+                          "after a restart (off by default)")
     return parser
 
 
@@ -226,7 +229,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     try:
-        serve(args.host, args.port, args.model, args.device, args.dtype, args.data_dir)
+        serve(args.host, args.port, args.model, args.device, args.dtype, args.data_dir,
+              kv_dir=args.kv_dir)
     except ServeError as exc:
         raise CliError(str(exc)) from None
     return 0

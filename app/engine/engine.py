@@ -33,6 +33,7 @@ import torch
 
 from app.engine.events import (Event, Failed, Finished, PrefillProgress, Queued, Timings, Token,
                                Usage)
+from app.engine.kv_disk import KVDiskStore, KVDiskWriter, chain_keys
 from app.engine.kv_pool import PagedBatchView, PagedKVPool
 from app.engine.radix_cache import PagePool, RadixCache
 from app.engine.request import Phase, Request
@@ -70,9 +71,15 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(),
+                 kv_store: KVDiskStore | None = None):
         self.loaded = loaded
         self.config = config
+        # The prefix cache on disk (optional): finished conversations are saved when the
+        # engine is idle, and a prompt extending a saved prefix reads it back.
+        self.kv_store = kv_store
+        self._kv_writer = KVDiskWriter(kv_store) if kv_store is not None else None
+        self._pending_saves: list[list[int]] = []
         num_pages = config.kv_tokens // config.page_size + 1  # + the reserved page 0
         self.pool = PagedKVPool(loaded.kv_facts, num_pages, config.page_size, loaded.device,
                                 loaded.compute_dtype)
@@ -144,16 +151,27 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running or not self._commands.empty())
+        return bool(self._waiting or self._running or not self._commands.empty()
+                    or self._pending_saves)
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
         events: list[Event] = []
         self._take_commands(events)
         self._admit(events)
+        self._restore_some(events)
         if self._running:
             self._run_pass(events)
+        elif not self._waiting:
+            self._save_pending()
         return events
+
+    def close(self) -> None:
+        """Save what finished conversations left in the cache, then stop the disk writer."""
+        self._save_pending()
+        if self._kv_writer is not None:
+            self._kv_writer.close()
+            self._kv_writer = None
 
     def reset(self) -> None:
         """After an internal error: drop every request and the cache, start clean."""
@@ -267,13 +285,78 @@ class Engine:
         request.adopted = path
         request.pages = [node.page for node in path] + self.pages.allocate(own)
         request.cached_tokens = request.written = len(path) * ps
+        if self.kv_store is not None:
+            # Pages beyond the tree's that were saved to disk are read back instead of being
+            # computed (backed off like the tree's: one prompt token is always left to run).
+            keys = chain_keys(self.kv_store.identity, request.tokens)[: (len(request.tokens) - 1) // ps]
+            saved = self.kv_store.saved_prefix(keys)
+            request.restore_keys = keys[len(path):saved]
         return True
+
+    # ---- the prefix cache on disk ------------------------------------------------------
+
+    RESTORE_PAGES_PER_STEP = 32  # bounded like a prefill chunk, so streams keep flowing
+
+    def _restore_some(self, events: list[Event]) -> None:
+        """Read back at most RESTORE_PAGES_PER_STEP saved pages into requests' own pages.
+        A page that is missing or damaged ends the restore; the rest is computed."""
+        budget = self.RESTORE_PAGES_PER_STEP
+        for request in self._running:
+            restored_now = 0
+            while request.restore_keys and budget > 0:
+                page = self.kv_store.read(request.restore_keys[0])
+                if page is None:
+                    request.restore_keys = []
+                    break
+                self._write_page(request.pages[request.written // self.config.page_size], page[1])
+                request.restore_keys.pop(0)
+                request.written += self.config.page_size
+                request.cached_tokens = request.written
+                request.restored_tokens += self.config.page_size
+                restored_now += 1
+                budget -= 1
+            if restored_now:
+                events.append(PrefillProgress(request.id, request.written, len(request.tokens),
+                                              request.cached_tokens, request.restored_tokens))
+
+    def _page_slots(self, page: int) -> torch.Tensor:
+        ps = self.config.page_size
+        return torch.arange(page * ps, (page + 1) * ps, device=self.loaded.device)
+
+    def _write_page(self, page: int, kv: torch.Tensor) -> None:
+        """kv [L, 2, page_size, Hkv, D] into pool page `page`."""
+        slots = self._page_slots(page)
+        pool = self.pool
+        for layer in range(len(pool.keys)):
+            pool.keys[layer][slots] = kv[layer, 0].to(pool.keys[layer].device, pool.keys[layer].dtype)
+            pool.values[layer][slots] = kv[layer, 1].to(pool.values[layer].device, pool.values[layer].dtype)
+
+    def _read_page(self, page: int) -> torch.Tensor:
+        slots = self._page_slots(page)
+        pool = self.pool
+        return torch.stack([torch.stack((pool.keys[layer][slots], pool.values[layer][slots]))
+                            for layer in range(len(pool.keys))]).cpu()
+
+    def _save_pending(self) -> None:
+        """Hand the pages of finished conversations that are not on disk yet to the writer
+        (called when the engine is idle, so it never delays a token)."""
+        pending, self._pending_saves = self._pending_saves, []
+        if self._kv_writer is None:
+            return
+        store = self.kv_store
+        for tokens in pending:
+            keys = chain_keys(store.identity, tokens)
+            path = self.cache.match(tokens)[: len(keys)]
+            for i in range(store.saved_prefix(keys), len(path)):
+                ps = self.config.page_size
+                self._kv_writer.put(keys[i], keys[i - 1] if i else None, tokens[i * ps:(i + 1) * ps],
+                                    self._read_page(path[i].page))
 
     # ---- one forward pass --------------------------------------------------------------
 
     def _run_pass(self, events: list[Event]) -> None:
         decoding = [r for r in self._running if r.phase is Phase.DECODE]
-        prefilling = [r for r in self._running if r.phase is Phase.PREFILL]
+        prefilling = [r for r in self._running if r.phase is Phase.PREFILL and not r.restore_keys]
         batch: list[tuple[Request, list[int]]] = [(r, [r.generated[-1].id]) for r in decoding]
         budget = self._prefill_budget(streaming=bool(decoding))
         for request in prefilling:
@@ -282,6 +365,8 @@ class Engine:
             chunk = request.tokens[request.written: request.written + budget]
             batch.append((request, chunk))
             budget -= len(chunk)
+        if not batch:  # everyone is reading pages back from disk this step
+            return
         started = time.perf_counter()
         try:
             logits = self._forward(batch)
@@ -364,6 +449,8 @@ class Engine:
         keep = request.written // ps if publish else 0
         tokens = request.sequence[: keep * ps]
         redundant = self.cache.insert(tokens, request.pages[:keep])
+        if self.kv_store is not None and keep:
+            self._pending_saves.append(tokens)
         self.cache.unlock(request.adopted)
         adopted_pages = set(p for p in request.pages[: len(request.adopted)])
         unpublished = [p for p in request.pages[keep:] if p not in adopted_pages]
@@ -381,7 +468,7 @@ class Engine:
             time_to_first_token_s=first - request.submitted_at if request.first_token_at else 0.0,
             decode_s=decode_s,
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0)
-        usage = Usage(len(request.prompt_ids), request.cached_tokens, n)
+        usage = Usage(len(request.prompt_ids), request.cached_tokens, n, request.restored_tokens)
         return Finished(request.id, request.finish_reason or "abort", request.text, usage,
                         timings, tuple(c.id for c in request.generated))
 

@@ -15,6 +15,7 @@ class Usage:
     prompt_tokens: int
     cached_tokens: int  # prompt tokens adopted from the prefix cache, not recomputed
     completion_tokens: int
+    restored_tokens: int = 0  # of `cached_tokens`, how many were read from the disk cache
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class PrefillProgress(Event):
     done: int  # prompt tokens whose KV is ready (adopted ones included)
     total: int
     cached: int  # of `done`, how many were adopted from the cache
+    restored: int = 0  # of `cached`, how many were read back from the disk cache
 
 
 @dataclass(frozen=True)

@@ -293,3 +293,88 @@ def default_budget_bytes(folder: Path) -> int:
     except OSError:
         return 2 * 10**9
     return int(min(2 * 10**9, free // 10))
+
+
+class KVDiskWriter:
+    """Writes pages on its own thread, so saving never runs on the decode path; enforces the
+    budget after each batch. `close` writes what is queued, then stops."""
+
+    def __init__(self, store: KVDiskStore):
+        import queue
+        import threading
+
+        self.store = store
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="ferrox-kv-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, key: str, parent: str | None, tokens: Sequence[int], kv: torch.Tensor,
+            owner: str | None = None) -> None:
+        self._queue.put((key, parent, list(tokens), kv, owner))
+
+    def close(self, timeout: float = 60.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get())
+            pages = [item for item in batch if item is not None]
+            wrote = False
+            for item in pages:
+                try:
+                    wrote |= self.store.write(*item)
+                except Exception:  # never let one page stop the writer
+                    log.exception("KV cache on disk: a page could not be written")
+            if wrote:
+                try:
+                    self.store.enforce_budget()
+                except OSError as exc:
+                    log.warning("KV cache on disk: budget check failed (%s)", exc)
+            if len(pages) < len(batch):  # close() was called
+                return
+
+
+def model_fingerprint(path: Path, cache_file: Path) -> str:
+    """The sha256 of a model file (or of a folder's weight files), computed once per
+    (path, size, modification time) and remembered in `cache_file`."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    stamp = ";".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    try:
+        known = json.loads(Path(cache_file).read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(stamp), str):
+        return known[stamp]
+    digest = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    value = digest.hexdigest()
+    known[stamp] = value
+    try:
+        Path(cache_file).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(cache_file).with_suffix(".tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass
+    return value
+
+
+def open_store(root: Path, loaded, page_size: int, budget_bytes: int | None = None) -> KVDiskStore:
+    """The store for this loaded model (`app.models.loader.LoadedModel`) in `root`: keyed by
+    the model file's sha256, the weight format, the KV dtype, the page size and KV shape."""
+    root = Path(root)
+    kv = loaded.kv_facts
+    identity = StoreIdentity(
+        model_sha256=model_fingerprint(loaded.path, root / "fingerprints.json"),
+        weights=loaded.weights_label, kv_dtype=str(loaded.compute_dtype).removeprefix("torch."),
+        page_size=page_size, n_layers=kv.n_layers, n_kv_heads=kv.n_kv_heads, head_dim=kv.head_dim)
+    return KVDiskStore(root, identity, budget_bytes if budget_bytes is not None else default_budget_bytes(root))

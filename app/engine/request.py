@@ -38,6 +38,9 @@ class Request:
     adopted: list[Node] = field(default_factory=list)  # locked radix nodes
     cached_tokens: int = 0
     written: int = 0
+    # Disk-cache keys of the pages to read back before computing (see Engine._restore_some).
+    restore_keys: list[str] = field(default_factory=list)
+    restored_tokens: int = 0
     generated: list[TokenChoice] = field(default_factory=list)
     text: str = ""
     aborted: bool = False

@@ -73,6 +73,7 @@ class EngineRunner:
         # The loop processes the aborts (listeners hear their Finished events), then ends.
         self._wake.set()
         self._thread.join(timeout)
+        self.engine.close()  # save the prefix cache to disk (when there is one)
 
     def _loop(self) -> None:
         while True:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app.engine.device import load_on
 from app.engine.engine import Engine, EngineConfig
+from app.engine.kv_disk import open_store
 from app.engine.runner import EngineRunner, Listener
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message, encode_chat
@@ -37,8 +38,12 @@ class NoModelError(RuntimeError):
 
 
 class ModelSession:
-    def __init__(self, engine_config: EngineConfig | None = None):
+    def __init__(self, engine_config: EngineConfig | None = None, kv_dir: Path | None = None,
+                 kv_budget_bytes: int | None = None):
         self.engine_config = engine_config or EngineConfig()
+        # Where the prefix cache is saved between runs (None: kept in memory only).
+        self.kv_dir = Path(kv_dir) if kv_dir is not None else None
+        self.kv_budget_bytes = kv_budget_bytes
         self._loaded = None
         self._runner: EngineRunner | None = None
         self._lock = threading.Lock()
@@ -60,7 +65,10 @@ class ModelSession:
             loaded = load_on(path, device, dtype)
             self.engine_config = engine_config or self.engine_config
             self._loaded = loaded
-            self._runner = EngineRunner(Engine(loaded, self.engine_config))
+            store = None
+            if self.kv_dir is not None:
+                store = open_store(self.kv_dir, loaded, self.engine_config.page_size, self.kv_budget_bytes)
+            self._runner = EngineRunner(Engine(loaded, self.engine_config, store))
         return self.info
 
     def unload(self) -> None:

@@ -68,12 +68,15 @@ def _gguf_facts(path: Path) -> ModelFacts:
             problem = (f"{path.name} stores tensors as {', '.join(bad)}, which Ferrox Chat cannot "
                        "read. Try a file quantized differently (e.g. Q4_K_M or Q8_0).")
         name = gguf.get("general.name")
-        context = gguf.get(f"{arch}.context_length", 0)
+        try:
+            context = gguf.get_int(f"{arch}.context_length", 0, min=0)
+        except ModelError as exc:  # shown, not raised: the picker says why it cannot run
+            context, problem = 0, problem or str(exc)
         return ModelFacts(
             name=name if isinstance(name, str) and name.strip() else path.stem,
             architecture=arch,
             supported=not problem,
-            context_length=int(context) if isinstance(context, int) and context > 0 else 0,
+            context_length=context,
             quantization=max(bytes_by_type, key=bytes_by_type.get) if bytes_by_type else "unknown",
             size_bytes=path.stat().st_size,
             parameters=sum(i.n_elements for i in gguf.tensors.values()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -50,7 +51,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "auto",
-          data_dir: str | None = None) -> None:
+          data_dir: str | None = None, kv_dir: str | None = None) -> None:
     """Serve `model` ('default' or a .gguf path) on http://host:port/v1 until stopped."""
     from app.cli import resolve_model_path
     from app.engine.device import load_on
@@ -60,7 +61,13 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
     sock = listen(host, port)
     try:
         loaded = load_on(resolve_model_path(model, data_dir), device, dtype)
-        runner = EngineRunner(Engine(loaded))
+        store = None
+        if kv_dir is not None:  # the prefix cache on disk, shared with the app if pointed there
+            from app.engine.engine import EngineConfig
+            from app.engine.kv_disk import open_store
+
+            store = open_store(Path(kv_dir), loaded, EngineConfig().page_size)
+        runner = EngineRunner(Engine(loaded, kv_store=store))
     except BaseException:
         sock.close()
         raise

@@ -1,0 +1,57 @@
+"""A conversation's KV saved by one engine process is restored by the next: the follow-up
+reports the restored tokens as cached, and its greedy tokens and logits equal those of a full
+recompute (float32)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_child(model_path, store_dir, prompt, *extra):
+    out = subprocess.run([sys.executable, "-m", "tests.engine.kv_restore_child", str(model_path),
+                          str(store_dir), json.dumps(prompt), *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_new_process_restores_the_conversation_from_disk(embedded_model_path, tmp_path):
+    store = tmp_path / "kv"
+    first_prompt = [2] + [(i * 37) % 5000 + 100 for i in range(150)]
+    first = run_child(embedded_model_path, store, first_prompt)
+    assert first["restored"] == 0
+    assert list((store).glob("*/??/*.kv")), "the first process saved its pages"
+    # The follow-up: the whole first conversation plus a new turn.
+    follow_up = first_prompt + first["ids"] + [(i * 11) % 3000 + 50 for i in range(20)]
+    restored = run_child(embedded_model_path, store, follow_up)
+    recomputed = run_child(embedded_model_path, tmp_path / "none", follow_up, "--no-store")
+    pages_saved = (len(first_prompt) + len(first["ids"])) // 16
+    assert restored["restored"] == pages_saved * 16 == restored["progress_restored"]
+    assert restored["cached"] == restored["restored"] and recomputed["cached"] == 0
+    assert restored["ids"] == recomputed["ids"]
+    for a, b in zip(restored["logits"], recomputed["logits"]):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+
+
+@pytest.mark.slow
+def test_damaged_pages_are_recomputed_not_used(embedded_model_path, tmp_path):
+    store = tmp_path / "kv"
+    prompt = [2] + [(i * 13) % 4000 + 100 for i in range(80)]
+    first = run_child(embedded_model_path, store, prompt)
+    files = sorted(store.glob("*/??/*.kv"))
+    for f in files:  # damage every page: the follow-up must compute everything itself
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF
+        f.write_bytes(bytes(data))
+    follow_up = prompt + first["ids"] + [7, 8, 9]
+    damaged = run_child(embedded_model_path, store, follow_up)
+    recomputed = run_child(embedded_model_path, tmp_path / "none", follow_up, "--no-store")
+    assert damaged["restored"] == 0 and damaged["ids"] == recomputed["ids"]

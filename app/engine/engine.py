@@ -79,7 +79,8 @@ class Engine:
         # engine is idle, and a prompt extending a saved prefix reads it back.
         self.kv_store = kv_store
         self._kv_writer = KVDiskWriter(kv_store) if kv_store is not None else None
-        self._pending_saves: list[list[int]] = []
+        self._pending_saves: list[tuple[list[int], str | None]] = []
+        self._cache_owners: dict[str, str] = {}
         num_pages = config.kv_tokens // config.page_size + 1  # + the reserved page 0
         self.pool = PagedKVPool(loaded.kv_facts, num_pages, config.page_size, loaded.device,
                                 loaded.compute_dtype)
@@ -133,9 +134,12 @@ class Engine:
     # ---- thread-safe API ---------------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-               request_id: str | None = None) -> str:
-        """Queue a request; returns its id. Safe from any thread."""
+               request_id: str | None = None, cache_owner: str | None = None) -> str:
+        """Queue a request; returns its id. Safe from any thread. `cache_owner` (e.g. a chat)
+        is recorded with the pages saved to disk, so `forget_cache_owner` can delete them."""
         request_id = request_id or f"req-{next(self._ids)}"
+        if cache_owner is not None:
+            self._cache_owners[request_id] = cache_owner
         self._commands.put(("submit", request_id, list(prompt_ids), params))
         return request_id
 
@@ -344,13 +348,21 @@ class Engine:
         if self._kv_writer is None:
             return
         store = self.kv_store
-        for tokens in pending:
+        ps = self.config.page_size
+        for tokens, owner in pending:
             keys = chain_keys(store.identity, tokens)
             path = self.cache.match(tokens)[: len(keys)]
-            for i in range(store.saved_prefix(keys), len(path)):
-                ps = self.config.page_size
+            # Pages already saved are skipped, unless an owner must be recorded on them too.
+            start = 0 if owner is not None else store.saved_prefix(keys)
+            for i in range(start, len(path)):
+                kv = None if store.contains(keys[i]) else self._read_page(path[i].page)
                 self._kv_writer.put(keys[i], keys[i - 1] if i else None, tokens[i * ps:(i + 1) * ps],
-                                    self._read_page(path[i].page))
+                                    kv, owner)
+
+    def forget_cache_owner(self, owner: str) -> None:
+        """Delete the saved pages only `owner` used (a chat deleted for good)."""
+        if self.kv_store is not None:
+            self.kv_store.forget_owner(owner)
 
     # ---- one forward pass --------------------------------------------------------------
 
@@ -449,8 +461,9 @@ class Engine:
         keep = request.written // ps if publish else 0
         tokens = request.sequence[: keep * ps]
         redundant = self.cache.insert(tokens, request.pages[:keep])
+        owner = self._cache_owners.pop(request.id, None)
         if self.kv_store is not None and keep:
-            self._pending_saves.append(tokens)
+            self._pending_saves.append((tokens, owner))
         self.cache.unlock(request.adopted)
         adopted_pages = set(p for p in request.pages[: len(request.adopted)])
         unpublished = [p for p in request.pages[keep:] if p not in adopted_pages]

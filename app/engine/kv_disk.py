@@ -121,15 +121,15 @@ class KVDiskStore:
 
     # ---- writing -----------------------------------------------------------------------------
 
-    def write(self, key: str, parent: str | None, tokens: Sequence[int], kv: torch.Tensor,
+    def write(self, key: str, parent: str | None, tokens: Sequence[int], kv: torch.Tensor | None,
               owner: str | None = None) -> bool:
         """Save one page (kv: [L, 2, page_size, Hkv, D] on the CPU). False if not written
         (already there, the disk is full, the store stopped writing)."""
         if not self.writable:
             return False
         path = self._path(key)
-        if path.exists():
-            if owner is not None:
+        if path.exists() or kv is None:  # kv None: the page is known saved, only the owner is new
+            if owner is not None and path.exists():
                 self._add_owner(key, owner)
             return False
         if tuple(kv.shape) != self.identity.page_shape or len(tokens) != self.identity.page_size:
@@ -308,7 +308,7 @@ class KVDiskWriter:
         self._thread = threading.Thread(target=self._loop, name="ferrox-kv-writer", daemon=True)
         self._thread.start()
 
-    def put(self, key: str, parent: str | None, tokens: Sequence[int], kv: torch.Tensor,
+    def put(self, key: str, parent: str | None, tokens: Sequence[int], kv: torch.Tensor | None,
             owner: str | None = None) -> None:
         self._queue.put((key, parent, list(tokens), kv, owner))
 

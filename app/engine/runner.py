@@ -30,13 +30,13 @@ class EngineRunner:
         self._thread.start()
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Listener,
-               request_id: str | None = None) -> str:
+               request_id: str | None = None, cache_owner: str | None = None) -> str:
         with self._lock:
             if self._stopping:  # nothing would ever answer: say so at once
                 request_id = request_id or "closed"
                 on_event(Failed(request_id, "The engine has been shut down."))
                 return request_id
-            request_id = self.engine.submit(prompt_ids, params, request_id)
+            request_id = self.engine.submit(prompt_ids, params, request_id, cache_owner)
             self._listeners[request_id] = on_event
         self._wake.set()
         return request_id

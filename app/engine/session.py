@@ -106,9 +106,14 @@ class ModelSession:
                 + loaded.tokenizer.encode(partial_reply, special=True))
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Listener,
-               request_id: str | None = None) -> str:
+               request_id: str | None = None, cache_owner: str | None = None) -> str:
         _, runner = self._require()
-        return runner.submit(prompt_ids, params, on_event, request_id)
+        return runner.submit(prompt_ids, params, on_event, request_id, cache_owner)
+
+    def forget_cache_owner(self, owner: str) -> None:
+        """Delete the disk-cached pages only `owner` (a chat deleted for good) used."""
+        if self._runner is not None:
+            self._runner.engine.forget_cache_owner(owner)
 
     def abort(self, request_id: str) -> None:
         if self._runner is not None:

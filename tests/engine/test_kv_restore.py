@@ -55,3 +55,27 @@ def test_damaged_pages_are_recomputed_not_used(embedded_model_path, tmp_path):
     damaged = run_child(embedded_model_path, store, follow_up)
     recomputed = run_child(embedded_model_path, tmp_path / "none", follow_up, "--no-store")
     assert damaged["restored"] == 0 and damaged["ids"] == recomputed["ids"]
+
+
+def test_pages_record_their_chat_and_forgetting_it_deletes_them(tiny, tmp_path):
+    from app.engine.engine import Engine, EngineConfig
+    from app.engine.kv_disk import KVDiskStore, StoreIdentity
+    from app.engine.sampling import SamplingParams
+
+    kv = tiny.kv_facts
+    identity = StoreIdentity("tiny", tiny.weights_label, "float32", 16, kv.n_layers, kv.n_kv_heads, kv.head_dim)
+    store = KVDiskStore(tmp_path, identity, 10**9)
+    engine = Engine(tiny, EngineConfig(page_size=16, kv_tokens=2048), store)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    shared = [2] + list(range(100, 163))  # 4 full pages shared by both chats
+    engine.submit(shared + [5] * 16, params, "a", cache_owner="chat-a")
+    engine.submit(shared + [6] * 16, params, "b", cache_owner="chat-b")
+    while engine.has_work:
+        engine.step()
+    engine.close()
+    files = list(store.folder.glob("??/*.kv"))
+    assert len(files) == 4 + 2 * 1  # the shared pages once, then one own page each
+    engine.forget_cache_owner("chat-a")
+    assert len(list(store.folder.glob("??/*.kv"))) == 5
+    engine.forget_cache_owner("chat-b")
+    assert list(store.folder.glob("??/*.kv")) == []

@@ -19,13 +19,19 @@ from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message as PromptMessage
 from app.storage import ChatStore, NewAttachment, StorageError
 from app.ui.bridge import EngineBridge
+from app.ui.chat_list import ChatList
 from app.ui.defaults import DEFAULT_SAMPLING, SAMPLING_KEYS
 from app.ui.dialog_actions import DialogActions
 from app.ui.document_actions import DocumentActions, PendingAttachment
 from app.ui.main_window import MainWindow
 from app.ui.model_actions import ModelActions
 from app.ui.qt import QObject, Qt, QTimer, QtWidgets
-from app.ui.replies import ActiveReply, ReplyBook
+from app.ui.reasoning_view import split_reply
+from app.ui.replies import SAVE_INTERVAL_MS, ActiveReply, ReplyBook
+from app.ui.title_actions import TitleActions
+from app.ui.titles import fallback_title
+from app.ui.trash_actions import TrashActions
+from app.ui.trash_dialog import TrashDialog
 from app.ui.view_models import (
     COMPLETE,
     ERROR,
@@ -37,7 +43,8 @@ from app.ui.view_models import (
 )
 
 
-class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
+class ChatController(QObject, ModelActions, DocumentActions, DialogActions, TrashActions,
+                     TitleActions):
     """A QObject living in the GUI thread: the bridge's signals, emitted from the worker and
     engine threads, reach its methods queued onto the GUI thread. (Connected to a plain
     Python object they would run on the emitting thread.)"""
@@ -59,9 +66,16 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         self._attachment_ids = itertools.count(1)
         self._deleted_chat_id: int | None = None
         self._last_usage: dict[int, tuple[int, int, int]] = {}  # chat -> used, cached, context
+        self._continued_usage: dict[int, dict] = {}  # message -> its metadata before Continue
+        self._title_jobs: dict[str, tuple[int, str]] = {}  # request id -> chat id, title so far
+        self._auto_titles: dict[int, str] = {}  # chat -> the title given automatically
+        self.trash_dialog: TrashDialog | None = None
+        self.devices: tuple[str, ...] = ("auto", "cpu")  # until the worker says what exists
         self._search_timer = QTimer(singleShot=True, interval=200)
         self._undo_timer = QTimer(singleShot=True, interval=8000)
-        self._save_timer = QTimer(interval=250)  # streaming replies reach the disk on this beat
+        # Streaming replies reach the disk on this beat, whenever their text changed.
+        self._save_timer = QTimer(interval=SAVE_INTERVAL_MS)
+        self._init_model_state()
         self._connect()
         self._save_timer.start()
 
@@ -85,9 +99,12 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         w.message_view.regenerateRequested.connect(self.regenerate)
         w.message_view.editRequested.connect(self.edit_and_resend)
         w.message_view.versionRequested.connect(self.switch_version)
+        w.message_view.continueRequested.connect(self.continue_reply)
         w.message_view.copied.connect(lambda _: w.statusBar().showMessage("Copied", 2000))
         w.model_picker.activated.connect(self._on_model_picked)
         w.add_model_action.triggered.connect(self._choose_model_file)
+        w.add_model_folder_action.triggered.connect(self._choose_model_folder)
+        w.trash_action.triggered.connect(self.open_trash)
         w.remove_model_action.triggered.connect(self.remove_current_model)
         w.settings_action.triggered.connect(self._open_preferences)
         w.chat_settings_action.triggered.connect(self._open_chat_settings)
@@ -101,6 +118,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         b.modelLoading.connect(self._on_model_loading)
         b.modelLoaded.connect(self._on_model_loaded)
         b.modelFailed.connect(self._on_model_failed)
+        b.modelKept.connect(self._on_model_kept)
+        b.chatCounted.connect(self._on_chat_counted)
+        b.devicesFound.connect(self._on_devices_found)
         b.embeddedReady.connect(self._on_embedded_ready)
         b.embeddedProgress.connect(self._on_embedded_progress)
         b.event.connect(self._on_engine_event)
@@ -115,6 +135,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
     def start(self) -> None:
         """Show the chats and start loading the model (in the worker)."""
         self.store.mark_interrupted()
+        self.bridge.probe_devices()
         self.refresh_models()
         self.refresh_chat_list()
         if self.window.chat_list.count():
@@ -136,26 +157,22 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
             self.window.statusBar().showMessage(str(exc), 8000)
             chats = []
         for chat in chats:
-            item = QtWidgets.QListWidgetItem(self._chat_label(chat))
-            item.setData(Qt.UserRole, chat.id)
-            item.setToolTip(chat.title)
+            item = QtWidgets.QListWidgetItem()
+            ChatList.fill_item(item, chat, self._chat_badge(chat.id))
             chat_list.addItem(item)
             if chat.id == self.current_chat_id:
                 chat_list.setCurrentItem(item)
         chat_list.blockSignals(False)
+        self._update_trash_button()
 
-    def _chat_label(self, chat) -> str:
-        reply = self.replies.for_chat(chat.id)
-        badge = f"  · {reply.list_badge()}" if reply else ""
-        return f"{'📌 ' if chat.pinned else ''}{chat.title}{badge}"
+    def _chat_badge(self, chat_id: int) -> str:
+        reply = self.replies.for_chat(chat_id)
+        return reply.list_badge() if reply else ""
 
     def _refresh_chat_item(self, chat_id: int) -> None:
-        chat_list = self.window.chat_list
-        for row in range(chat_list.count()):
-            item = chat_list.item(row)
-            if item.data(Qt.UserRole) == chat_id:
-                item.setText(self._chat_label(self.store.get_chat(chat_id)))
-                return
+        item = self.window.chat_list.item_for(chat_id)
+        if item is not None:
+            ChatList.fill_item(item, self.store.get_chat(chat_id), self._chat_badge(chat_id))
 
     def new_chat(self) -> None:
         chat = self.store.create_chat(settings=self._default_chat_settings())
@@ -187,7 +204,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         menu.addAction("Delete", lambda: self.delete_chat(chat_id))
         menu.popup(position)
 
-    def rename_chat(self, chat_id: int, title: str | None = None) -> None:
+    def rename_chat(self, chat_id: int, title: str | None = None, automatic: bool = False) -> None:
         if title is None:
             title, ok = QtWidgets.QInputDialog.getText(self.window, "Rename chat", "Title:",
                                                        text=self.store.get_chat(chat_id).title)
@@ -195,7 +212,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
                 return
         if title.strip():
             self.store.rename_chat(chat_id, title.strip())
-            self.refresh_chat_list()
+            if not automatic:
+                self._auto_titles.pop(chat_id, None)  # the person's title stays
+            self._refresh_chat_item(chat_id)
             if chat_id == self.current_chat_id:
                 self.window.chat_title.setText(title.strip())
 
@@ -205,10 +224,13 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
 
     def delete_chat(self, chat_id: int) -> None:
         reply = self.replies.for_chat(chat_id)
-        if reply:
+        if reply and reply.held:
+            self._cancel_held(reply)
+        elif reply:
             self.bridge.abort(reply.request_id)
         chat = self.store.delete_chat(chat_id)
         self._deleted_chat_id = chat_id
+        self.window.statusBar().showMessage(f"“{chat.title[:40]}” moved to the Trash", 8000)
         self.window.undo_button.setText(f"Undo delete of “{chat.title[:30]}”")
         self.window.undo_button.show()
         self._undo_timer.start()
@@ -248,7 +270,38 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
             view.set_placeholder("Start the conversation below. Drop documents to ask about them.")
         self._show_attachments()
         self._update_send_state()
+        self._show_speed(chat_id, items)
+        if chat_id not in self._last_usage:
+            self._count_chat(chat_id)
         self._update_context_meter()
+
+    def _show_speed(self, chat_id: int, items: list[MessageItem]) -> None:
+        """The tok/s of this chat's last reply; nothing for a chat without one."""
+        reply = self.replies.for_chat(chat_id)
+        if reply is not None and reply.state == STREAMING:
+            text = f"{reply.tokens_per_second():.1f} tok/s"
+        else:
+            last = next((self.store.get_message(i.message_id) for i in reversed(items)
+                         if i.role == "assistant"), None)
+            speed = (last.metadata or {}).get("tokens_per_s") if last else None
+            text = f"{speed:.1f} tok/s" if speed else ""
+        self.window.speed_label.setText(text)
+
+    def _count_chat(self, chat_id: int) -> None:
+        """Ask the worker how many tokens this chat's conversation takes (the meter after a
+        relaunch, before any reply of this session)."""
+        if self.model_info is None:
+            return
+        path = self.store.active_path(chat_id)
+        if path:
+            self.bridge.count_chat(chat_id, self._prompt_messages(self.store.get_chat(chat_id), path))
+
+    def _on_chat_counted(self, chat_id: int, tokens: int) -> None:
+        if self.model_info is None or chat_id in self._last_usage:
+            return  # a reply's own figures arrived first: they are newer
+        self._last_usage[chat_id] = (tokens, 0, self.model_info.context_length)
+        if chat_id == self.current_chat_id:
+            self._update_context_meter()
 
     def _item_for(self, message) -> MessageItem:
         versions = self.store.versions(message.id)
@@ -262,11 +315,16 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
             info = f"{meta['tokens_per_s']:.1f} tok/s · {meta.get('completion_tokens', 0)} tokens"
             if meta.get("cached_tokens"):
                 info += f" · {meta['cached_tokens']:,} prompt tokens reused"
-        return MessageItem(
+        cut = (message.role == "assistant" and not live and status == COMPLETE
+               and meta.get("finish_reason") == "length")
+        item = MessageItem(
             message_id=message.id, role=message.role, text=text, status=status,
             version_index=versions.index, version_count=versions.count,
             attachments=tuple(a.name for a in message.attachments), info=info,
-            error=message.error or "", progress=reply.progress_text() if live else "")
+            error=message.error or "", progress=reply.progress_text() if live else "", cut=cut)
+        if message.role == "assistant":
+            item = split_reply(item, reply.thinking_s if live else meta.get("thinking_s"))
+        return item
 
     def _refresh_message(self, reply: ActiveReply) -> None:
         """Show a live reply's progress. Called per token: the store is read once per reply
@@ -276,8 +334,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         base = reply.view_item
         if base is None or base.message_id != reply.message_id:
             base = reply.view_item = self._item_for(self.store.get_message(reply.message_id))
-        self.window.message_view.update_message(replace(
-            base, text=reply.text, status=reply.state, progress=reply.progress_text()))
+        self.window.message_view.update_message(split_reply(replace(
+            base, text=reply.text, status=reply.state, progress=reply.progress_text()),
+            reply.thinking_s))
 
     # ---- sending -----------------------------------------------------------------------
 
@@ -285,11 +344,13 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         composer = self.window.composer
         busy = self.current_chat_id is not None and self.replies.for_chat(self.current_chat_id) is not None
         composer.set_busy(busy)
-        # Send stays clickable without a model: pressing it explains why nothing was sent
-        # (a greyed-out button explains nothing), and the typed text is kept.
-        if self.model_info is None:
-            reason = self.model_error or "The model is still loading."
-            composer.set_send_enabled(True, f"No model is loaded. {reason}")
+        # Send stays clickable without a model: while one loads the message waits for it;
+        # after a failure pressing Send explains why nothing was sent, and the text is kept.
+        if self.model_info is None and self.model_error:
+            composer.set_send_enabled(True, f"No model is loaded. {self.model_error}")
+        elif self.model_info is None:
+            composer.set_send_enabled(True, "The model is loading: your message will wait "
+                                            "for it and be sent when it is ready")
         else:
             composer.set_send_enabled(True)
 
@@ -297,10 +358,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         chat_id = self.current_chat_id
         if chat_id is None:
             return
-        if self.model_info is None:
+        if self.model_info is None and self.model_error:
             self.window.statusBar().showMessage(
-                "No model is loaded yet, so nothing was sent. "
-                + (self.model_error or "Wait for the model to finish loading."), 8000)
+                f"No model is loaded, so nothing was sent. {self.model_error}", 8000)
             return
         if self.replies.for_chat(chat_id):
             self.window.statusBar().showMessage("This chat is still answering; stop it first.", 5000)
@@ -325,26 +385,78 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         del user
         self.pending.pop(chat_id, None)
         self.window.composer.clear_text()
-        self._start_reply(chat_id, reply.id)
+        held = self.model_info is None
+        self._start_reply(chat_id, reply.id, held=held)
+        if held:
+            self.window.statusBar().showMessage(
+                "The model is still loading: your message is queued and will be sent when "
+                "it is ready.", 8000)
 
     def _maybe_title(self, chat_id: int, text: str, chips: list[PendingAttachment]) -> None:
         chat = self.store.get_chat(chat_id)
         if chat.title == "New chat":
-            title = " ".join(text.split())[:48] or (chips[0].name if chips else "New chat")
+            title = fallback_title(text, [c.name for c in chips])
             self.store.rename_chat(chat_id, title)
+            self._auto_titles[chat_id] = self.store.get_chat(chat_id).title
 
-    def _start_reply(self, chat_id: int, reply_id: int) -> None:
-        """Submit the conversation up to the (empty, streaming) reply `reply_id`."""
-        path = self.store.active_path(chat_id)
-        upto = [m for m in path if m.id != reply_id]
-        chat = self.store.get_chat(chat_id)
-        messages = self._prompt_messages(chat, upto)
+    def _start_reply(self, chat_id: int, reply_id: int, held: bool = False,
+                     prefix: str = "") -> None:
+        """Start the reply `reply_id` (empty and streaming, or `prefix` to carry on): submit
+        the conversation before it now, or once the model is ready when `held`."""
         request_id = f"chat{chat_id}-{next(self._request_ids)}"
-        self.replies.add(ActiveReply(request_id, chat_id, reply_id))
-        self.bridge.submit(request_id, messages, self._sampling_params(chat))
+        reply = ActiveReply(request_id, chat_id, reply_id, text=prefix, held=held, prefix=prefix)
+        self.replies.add(reply)
+        if not held:
+            self._submit(reply)
+        path = self.store.active_path(chat_id)
         if chat_id == self.current_chat_id:
             self._show_new_messages(chat_id, path)
         self.refresh_chat_list()
+
+    def _submit(self, reply: ActiveReply) -> None:
+        path = self.store.active_path(reply.chat_id)
+        chat = self.store.get_chat(reply.chat_id)
+        messages = self._prompt_messages(chat, [m for m in path if m.id != reply.message_id])
+        reply.started_at = time.monotonic()
+        if reply.prefix:
+            self.bridge.continue_reply(reply.request_id, messages, reply.prefix,
+                                       self._sampling_params(chat))
+        else:
+            self.bridge.submit(reply.request_id, messages, self._sampling_params(chat))
+
+    def _submit_held(self) -> None:
+        """The model is ready: send what waited for it."""
+        held = [r for r in self.replies.all() if r.held]
+        for reply in held:
+            reply.held = False
+            self._submit(reply)
+            self._refresh_message(reply)
+            self._refresh_chat_item(reply.chat_id)
+        if held:
+            self.window.statusBar().showMessage(
+                f"The model is ready: sending your queued message{'s' * (len(held) > 1)}.", 8000)
+
+    def _fail_held(self, message: str) -> None:
+        """The model could not be loaded: what waited for it fails with the reason (the
+        question stays; Regenerate sends it once a model is loaded)."""
+        for reply in [r for r in self.replies.all() if r.held]:
+            self._fail(reply, f"Not sent: the model could not be loaded. {message}")
+
+    def _cancel_held(self, reply: ActiveReply) -> None:
+        """Stop a reply that never reached the engine (it waited for the model)."""
+        self.replies.pop(reply.request_id)
+        self._save_final(reply, reply.text, STOPPED, None, {})
+        self._after_reply(reply)
+
+    def continue_reply(self, message_id: int) -> None:
+        """Carry on a reply cut by the token limit: the same message grows, no new turn."""
+        message = self.store.get_message(message_id)
+        if self.replies.for_chat(message.chat_id) or self.model_info is None:
+            self.window.statusBar().showMessage("Wait for the model and the current reply.", 5000)
+            return
+        self._continued_usage[message_id] = dict(message.metadata or {})
+        self.store.update_message(message_id, status="streaming")
+        self._start_reply(message.chat_id, message_id, prefix=message.content)
 
     def _show_new_messages(self, chat_id: int, path) -> None:
         """Append what the view lacks when it already shows the path's beginning (a send):
@@ -391,7 +503,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         if self.current_chat_id is None:
             return
         reply = self.replies.for_chat(self.current_chat_id)
-        if reply:
+        if reply and reply.held:
+            self._cancel_held(reply)
+        elif reply:
             self.bridge.abort(reply.request_id)
             self.window.statusBar().showMessage("Stopping…", 2000)
 
@@ -415,6 +529,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
             self.store.add_version(message_id, text.strip(), attachments=attachments)
             reply = self.store.add_message(message.chat_id, "assistant", "", status="streaming")
         self._start_reply(message.chat_id, reply.id)
+        self.window.composer.focus_input()  # the editor is gone; the next message goes here
 
     def switch_version(self, message_id: int, delta: int) -> None:
         versions = self.store.versions(message_id)
@@ -429,9 +544,12 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
     def _on_engine_event(self, event) -> None:
         reply = self.replies.get(event.request_id)
         if reply is None:
+            if event.request_id in self._title_jobs:
+                self._on_title_event(event)
             return
         if isinstance(event, Queued):
-            reply.state = QUEUED
+            reply.state, reply.total = QUEUED, event.prompt_tokens
+            self._refresh_chat_item(reply.chat_id)
         elif isinstance(event, PrefillProgress):
             reply.state, reply.done, reply.total, reply.cached = (
                 PREFILLING, event.done, event.total, event.cached)
@@ -448,6 +566,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
                 self._refresh_chat_item(reply.chat_id)
             reply.tokens += 1
             reply.text += event.text
+            reply.note_reasoning(time.monotonic())
         elif isinstance(event, Finished):
             self._finish(reply, event)
             return
@@ -464,29 +583,45 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
                     reply.mark_saved()
                 except StorageError as exc:
                     self.window.statusBar().showMessage(str(exc), 8000)
+            if reply.state == STREAMING and self.model_info:
+                # The conversation holds the prompt and the reply so far.
+                self._last_usage[reply.chat_id] = (reply.total + reply.tokens, reply.cached,
+                                                   self.model_info.context_length)
             if reply.chat_id == self.current_chat_id and reply.state == STREAMING:
                 self.window.speed_label.setText(f"{reply.tokens_per_second():.1f} tok/s")
+                self._update_context_meter()
 
     def _finish(self, reply: ActiveReply, event: Finished) -> None:
         self.replies.pop(reply.request_id)
         usage, timings = event.usage, event.timings
         status = STOPPED if event.finish_reason == "abort" else COMPLETE
+        earlier = self._continued_usage.pop(reply.message_id, {}) if reply.prefix else {}
         metadata = {"model": self.model_info.name if self.model_info else "",
                     "finish_reason": event.finish_reason,
                     "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
-                    "completion_tokens": usage.completion_tokens,
+                    "completion_tokens": usage.completion_tokens + earlier.get("completion_tokens", 0),
                     "tokens_per_s": round(timings.decode_tokens_per_s, 1),
                     "time_to_first_token_s": round(timings.time_to_first_token_s, 3)}
-        self._save_final(reply, event.text, status, None, metadata)
+        if reply.thinking_s is not None or earlier.get("thinking_s") is not None:
+            metadata["thinking_s"] = round(reply.thinking_s or earlier.get("thinking_s") or 0, 1)
+        self._save_final(reply, reply.prefix + event.text, status, None, metadata)
         if self.model_info:
             self._last_usage[reply.chat_id] = (usage.prompt_tokens + usage.completion_tokens,
                                                usage.cached_tokens, self.model_info.context_length)
         if reply.chat_id == self.current_chat_id:
             self.window.speed_label.setText(f"{timings.decode_tokens_per_s:.1f} tok/s")
         self._after_reply(reply)
+        if status == COMPLETE:
+            self._maybe_ask_for_title(reply.chat_id)
 
     def _fail(self, reply: ActiveReply, message: str) -> None:
         self.replies.pop(reply.request_id)
+        if reply.prefix:  # a Continue that failed: the reply stays as it was, cut
+            self._save_final(reply, reply.text, COMPLETE, None,
+                             self._continued_usage.pop(reply.message_id, {}))
+            self._after_reply(reply)
+            self._alert("Could not continue the reply", message)
+            return
         self._save_final(reply, reply.text, ERROR, message, {})
         self._after_reply(reply)
 
@@ -537,6 +672,11 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions):
         """Save what is streaming, stop the engine, close the store."""
         self._save_timer.stop()
         for reply in self.replies.all():
-            self.store.update_message(reply.message_id, content=reply.text, status=STOPPED)
+            if reply.held:  # never sent: the question stays, the empty reply says why
+                self.store.update_message(reply.message_id, status=ERROR,
+                                          error="Not sent: the app closed before the model was ready.")
+                continue
+            self.store.update_message(reply.message_id, content=reply.text,
+                                      status=COMPLETE if reply.prefix and not reply.tokens else STOPPED)
         self.replies = ReplyBook()
         self.bridge.shutdown()

@@ -30,14 +30,9 @@ class DialogActions:
     def _open_preferences(self) -> None:
         from app.ui.settings_dialogs import PreferencesDialog
 
-        dialog = PreferencesDialog(self.engine_settings(), self.window)
+        dialog = PreferencesDialog(self.engine_settings(), self.window, devices=self.devices)
         if dialog.exec():
-            values = dialog.values()
-            self.save_model_defaults({"context_size": values.pop("context_size")})
-            self.store.set_setting("engine", values)
-            if not self.replies or self._confirm("Reload the model?",
-                                                 "Running replies will be stopped."):
-                self.load_selected_model()
+            self.apply_preferences(dialog.values())
 
     def _export_chat(self, kind: str, chat_id: int | None = None) -> None:
         from app.storage import export_json, export_markdown

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.documents import Document
 from app.storage import NewAttachment
+from app.ui.model_actions import is_model_folder
 from app.ui.qt import QtWidgets
 from app.ui.view_models import AttachmentChip
 
@@ -34,12 +35,20 @@ class DocumentActions:
             self.add_files(paths)
 
     def add_files(self, paths: list[str]) -> None:
-        models = [p for p in paths if p.lower().endswith(".gguf")]
-        documents = [p for p in paths if not p.lower().endswith(".gguf")]
+        """Dropped or chosen paths: model files and model folders are offered for the
+        picker, other folders refused, the rest attached as documents."""
+        models = [p for p in paths if p.lower().endswith(".gguf") or Path(p).is_dir()]
+        documents = [p for p in paths if p not in models]
         for path in models:
-            if self._confirm("Add a model?", f"{Path(path).name} is a model file. Add it to the "
-                                             "model picker?"):
-                self.bridge.inspect_model(path)
+            kind = "model folder" if Path(path).is_dir() else "model file"
+            if not Path(path).is_dir() or is_model_folder(path):
+                if self._confirm("Add a model?", f"{Path(path).name} is a {kind}. Add it to "
+                                                 "the model picker?"):
+                    self.add_model_paths([path])
+            else:
+                self._alert("Folders cannot be attached",
+                            f"{Path(path).name} is a folder. Attach the files inside it, or "
+                            "drop a model folder (with config.json) to add a model.")
         if self.current_chat_id is None:
             return
         for path in documents:  # the worker reads each; a refusal comes back as a clear alert

@@ -18,6 +18,7 @@ from app.ui.resources import danger_color, tint
 from app.ui.view_models import (
     ERROR,
     INTERRUPTED,
+    LIVE_STATUSES,
     PREFILLING,
     QUEUED,
     STOPPED,
@@ -31,8 +32,7 @@ BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
 MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
-LIVE_STATUSES = (QUEUED, PREFILLING, STREAMING)
-_WAITING_TEXT = {QUEUED: "Waiting for the model…", PREFILLING: "Reading the prompt…",
+_WAITING_TEXT = {QUEUED: "Preparing the prompt…", PREFILLING: "Reading the prompt…",
                  STREAMING: "Writing…"}
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
@@ -311,6 +311,7 @@ class MessageWidget(_TintedFrame):
     regenerateRequested = Signal(int)
     editRequested = Signal(int, str)
     versionRequested = Signal(int, int)
+    continueRequested = Signal(int)
 
     def __init__(self, item: MessageItem, parent: QtWidgets.QWidget | None = None):
         self.item = item
@@ -321,6 +322,7 @@ class MessageWidget(_TintedFrame):
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
         layout.addLayout(self._build_header())
+        layout.addWidget(self._build_reasoning())
         self.body = MarkdownBrowser()
         layout.addWidget(self.body)
         layout.addWidget(self._build_editor())
@@ -342,7 +344,15 @@ class MessageWidget(_TintedFrame):
         self.info = QtWidgets.QLabel()
         self.info.setObjectName("infoLabel")
         self.info.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
-        layout.addWidget(_small(self.info, 0.85))
+        self.continue_button = QtWidgets.QPushButton("Continue")
+        self.continue_button.setObjectName("continueButton")
+        self.continue_button.setToolTip("Carry on writing this reply from where it was cut")
+        self.continue_button.clicked.connect(
+            lambda: self.continueRequested.emit(self.item.message_id))
+        footer = QtWidgets.QHBoxLayout()
+        footer.addWidget(_small(self.info, 0.85), 1)
+        footer.addWidget(_small(self.continue_button))
+        layout.addLayout(footer)
         self.apply(item)
 
     # -- building ----------------------------------------------------------------------
@@ -385,6 +395,35 @@ class MessageWidget(_TintedFrame):
                          self.copy_button, self.copy_code_button, self.regenerate_button,
                          self.edit_button)
         return header
+
+    def _build_reasoning(self) -> QtWidgets.QWidget:
+        """A reasoning model's thinking: a "Thought for N s" toggle over the (collapsed)
+        text."""
+        self.reasoning_box = QtWidgets.QWidget()
+        box = QtWidgets.QVBoxLayout(self.reasoning_box)
+        box.setContentsMargins(0, 0, 0, 0)
+        box.setSpacing(2)
+        self.reasoning_toggle = _tool_button("", "Show or hide the model's thinking",
+                                             "reasoningToggle")
+        self.reasoning_toggle.setCheckable(True)
+        self.reasoning_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.reasoning_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.reasoning_toggle.toggled.connect(self._show_reasoning)
+        self.reasoning_body = MarkdownBrowser()
+        self.reasoning_body.setObjectName("reasoningText")
+        self.reasoning_body.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        self.reasoning_body.hide()
+        box.addWidget(self.reasoning_toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        box.addWidget(self.reasoning_body)
+        self.reasoning_box.hide()
+        return self.reasoning_box
+
+    def _show_reasoning(self, shown: bool) -> None:
+        self.reasoning_toggle.setArrowType(Qt.ArrowType.DownArrow if shown
+                                           else Qt.ArrowType.RightArrow)
+        if shown:
+            self.reasoning_body.set_markdown(self.item.reasoning)
+        self.reasoning_body.setVisible(shown)
 
     def _build_editor(self) -> QtWidgets.QWidget:
         self.editor_box = QtWidgets.QWidget()
@@ -441,10 +480,14 @@ class MessageWidget(_TintedFrame):
         live = item.status in LIVE_STATUSES
         self.body.set_markdown(item.text)
         self.body.setVisible(bool(item.text) and not self.editing)
+        self.reasoning_box.setVisible(bool(item.reasoning or item.reasoning_label))
+        self.reasoning_toggle.setText(item.reasoning_label)
+        if self.reasoning_toggle.isChecked():  # rendered only while shown: it can be long
+            self.reasoning_body.set_markdown(item.reasoning)
         self.attachments.setText("  ".join(f"▪ {name}" for name in item.attachments))
         self.attachments.setVisible(bool(item.attachments))
         waiting = item.status in (QUEUED, PREFILLING) or (
-            item.status == STREAMING and not item.text)
+            item.status == STREAMING and not item.text and not item.reasoning)
         self.progress_label.setText(item.progress or _WAITING_TEXT.get(item.status, ""))
         self.progress_box.setVisible(waiting)
         failed = "Something went wrong." if item.status == ERROR else ""
@@ -452,11 +495,14 @@ class MessageWidget(_TintedFrame):
         self.error_box.setVisible(bool(self.error_label.text()))
         self.info.setText(self._info_text(item))
         self.info.setVisible(bool(self.info.text()))
+        self.continue_button.setVisible(item.cut and not live and not self.editing)
         self._apply_toolbar(item, live)
 
     @staticmethod
     def _info_text(item: MessageItem) -> str:
         note = {STOPPED: "Stopped", INTERRUPTED: "Interrupted"}.get(item.status, "")
+        if item.cut:
+            note = "Cut off at the reply length limit"
         if note and note.lower() in item.info.lower():
             note = ""
         return " · ".join(part for part in (note, item.info) if part)
@@ -534,6 +580,7 @@ class MessageView(QtWidgets.QScrollArea):
     regenerateRequested = Signal(int)  # message_id
     editRequested = Signal(int, str)  # message_id, new text
     versionRequested = Signal(int, int)  # message_id, delta (-1 | +1)
+    continueRequested = Signal(int)  # message_id of a reply cut by the token limit
     copied = Signal(str)  # a short status line, e.g. "Copied the code"
 
     def __init__(self, parent: QtWidgets.QWidget | None = None):
@@ -651,6 +698,7 @@ class MessageView(QtWidgets.QScrollArea):
         widget.regenerateRequested.connect(self.regenerateRequested)
         widget.editRequested.connect(self.editRequested)
         widget.versionRequested.connect(self.versionRequested)
+        widget.continueRequested.connect(self.continueRequested)
         self._layout.insertWidget(self._layout.count() - 1, widget)  # before the stretch
         widget.show()  # now, not on the layout's next pass: callers may look at it at once
         self._widgets[item.message_id] = widget

@@ -1,41 +1,69 @@
 """The model half of the controller: the picker, loading, adding and removing models, and
 the per-model defaults (context size, sampling). A mixin of `ChatController`, sharing its
-state (`store`, `bridge`, `window`, `model_info`, `replies`, `_alert`, `_confirm`)."""
+state (`store`, `bridge`, `window`, `model_info`, `replies`, `_alert`, `_confirm`).
+
+A new choice (model or engine settings) is remembered only once it has loaded: one that
+fails leaves the setting as it was, so the next launch does not open with the same error.
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from app.documents import format_for_prompt
 from app.paths import models_dir
 from app.storage import StorageError
+from app.ui.builtin_models import (LEGACY_KEYS, builtin_for_key, builtin_models, default_key,
+                                   picker_key, picker_label)
 from app.ui.defaults import EMBEDDED_KEY, ENGINE_DEFAULTS
-from app.ui.qt import Qt, QtWidgets
+from app.ui.qt import Qt, QTimer, QtWidgets
+
+LOAD_TICK_MS = 1000  # the status bar counts the seconds of a load
+
+
+def is_model_folder(path: str) -> bool:
+    """A Hugging Face model folder: config.json beside the weights."""
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
 class ModelActions:
+    def _init_model_state(self) -> None:
+        self._load_started = 0.0  # when the person's action (or the start-up) asked for a model
+        self._load_label = ""
+        self._load_tick = QTimer(interval=LOAD_TICK_MS)
+        self._load_tick.timeout.connect(self._show_load_progress)
+        self._pending_engine: dict | None = None  # engine settings waiting to prove they load
+        self._remember_model: str | None = None  # picker key to save as the choice once loaded
+
     def engine_settings(self) -> dict:
         settings = dict(ENGINE_DEFAULTS)
         settings.update(self.store.get_setting("engine", {}) or {})
         context = self.model_defaults().get("context_size")
         if context is not None:  # remembered for this model
             settings["context_size"] = context
+        if self._pending_engine is not None:
+            settings.update(self._pending_engine)
         if self.device_override:
             settings["device"] = self.device_override
         return settings
 
-    # Per-model defaults (context size, sampling): the built-in model's live in the settings,
+    # Per-model defaults (context size, sampling): a built-in model's live in the settings,
     # an added model's in its record.
 
     def _model_record(self):
         key = self.window.model_picker.currentData()
         return next((m for m in self.store.list_models() if m.path == key), None)
 
+    def _defaults_key(self) -> str:
+        key = self.window.model_picker.currentData() or EMBEDDED_KEY
+        return f"model_defaults:{EMBEDDED_KEY if key == default_key() else key}"
+
     def model_defaults(self) -> dict:
         record = self._model_record()
         if record is not None:
             return dict(record.defaults)
-        return dict(self.store.get_setting("model_defaults:embedded", {}) or {})
+        return dict(self.store.get_setting(self._defaults_key(), {}) or {})
 
     def save_model_defaults(self, changes: dict) -> None:
         record = self._model_record()
@@ -44,19 +72,19 @@ class ModelActions:
         else:
             merged = self.model_defaults()
             merged.update(changes)
-            self.store.set_setting("model_defaults:embedded", merged)
+            self.store.set_setting(self._defaults_key(), merged)
 
     def remove_current_model(self) -> None:
         """Forget the selected added model (its file stays) and go back to the built-in one."""
         record = self._model_record()
         if record is None:
-            self._alert("Remove model", "The built-in model cannot be removed.")
+            self._alert("Remove model", "A built-in model cannot be removed.")
             return
         if not self._confirm("Remove model", f"Remove {record.name} from the list? The file "
                              f"{record.path} stays where it is."):
             return
         self.store.remove_model(record.id)
-        self.store.set_setting("model", EMBEDDED_KEY)
+        self.store.set_setting("model", default_key())
         self.model_override = None
         self.refresh_models()
         self.load_selected_model()
@@ -64,24 +92,39 @@ class ModelActions:
     def refresh_models(self) -> None:
         picker = self.window.model_picker
         picker.clear()
-        picker.addItem("Gemma 3 270M (built in)", EMBEDDED_KEY)
+        builtins = builtin_models()
+        for model in builtins:
+            picker.addItem(picker_label(model), picker_key(model))
+            picker.setItemData(picker.count() - 1, model.description, Qt.ToolTipRole)
+        if not builtins:
+            picker.addItem("Gemma 3 270M (built in · base model: continues text)", EMBEDDED_KEY)
         for record in self.store.list_models():
             picker.addItem(record.name, record.path)
             picker.setItemData(picker.count() - 1, record.path, Qt.ToolTipRole)
-        wanted = self.model_override or self.store.get_setting("model", EMBEDDED_KEY)
-        if wanted not in (EMBEDDED_KEY, "default") and picker.findData(wanted) < 0:
+        wanted = self.model_override or self.store.get_setting("model", default_key())
+        builtin = builtin_for_key(wanted)
+        if builtin is not None:
+            wanted = picker_key(builtin)
+        elif wanted in LEGACY_KEYS or wanted.startswith("builtin:"):  # e.g. one no longer shipped
+            wanted = picker.itemData(0)
+        elif picker.findData(wanted) < 0:
             picker.addItem(Path(wanted).name, wanted)
-        index = picker.findData(EMBEDDED_KEY if wanted == "default" else wanted)
-        picker.setCurrentIndex(max(index, 0))
+        picker.setCurrentIndex(max(picker.findData(wanted), 0))
 
     def load_selected_model(self) -> None:
+        """Load what the picker shows; the wait is timed from here (the person's action)."""
         key = self.window.model_picker.currentData()
         self.model_info = None
+        self.model_error = ""
         self._update_send_state()
-        if key == EMBEDDED_KEY:
-            self.window.model_status.setText("Preparing the built-in model…")
-            self.bridge.prepare_embedded(str(models_dir(self.data_dir)))
+        self._load_started = time.monotonic()
+        builtin = builtin_for_key(key) if key else None
+        if builtin is not None or key == EMBEDDED_KEY:
+            name = builtin.display_name if builtin else "the built-in model"
+            self._start_load_progress(f"Preparing {name}…")
+            self.bridge.prepare_builtin(key, str(models_dir(self.data_dir)))
         else:
+            self._start_load_progress(f"Loading {Path(key).name}…")
             self._load_path(key)
 
     def _load_path(self, path: str) -> None:
@@ -89,36 +132,122 @@ class ModelActions:
         self.bridge.load(path, settings["device"], settings["dtype"], int(settings["prefill_chunk"]),
                          int(settings.get("context_size") or 0))
 
+    # -- progress in the status bar ----------------------------------------------------
+
+    def _start_load_progress(self, label: str) -> None:
+        bar = self.window.load_bar
+        bar.setRange(0, 0)  # busy until a percentage is known
+        bar.show()
+        self._load_label = label
+        self._load_tick.start()
+        self._show_load_progress()
+
+    def _show_load_progress(self) -> None:
+        elapsed = time.monotonic() - self._load_started
+        self.window.model_status.setText(f"{self._load_label} {elapsed:.0f} s")
+
+    def _end_load_progress(self) -> None:
+        self._load_tick.stop()
+        self.window.load_bar.hide()
+
     def _on_embedded_progress(self, done: int, total: int) -> None:
-        self.window.model_status.setText(
-            f"Preparing the built-in model… {100 * done // max(total, 1)}%")
+        bar = self.window.load_bar
+        bar.setRange(0, 100)
+        bar.setValue(100 * done // max(total, 1))
+        self._load_label = f"Preparing the built-in model… {100 * done // max(total, 1)}%"
+        self._show_load_progress()
 
     def _on_embedded_ready(self, path: str) -> None:
+        self.window.load_bar.setRange(0, 0)
         self._load_path(path)
 
     def _on_model_loading(self, message: str) -> None:
-        self.window.model_status.setText(message)
+        self._load_label = message
+        self._show_load_progress()
+
+    # -- outcomes ----------------------------------------------------------------------
 
     def _on_model_loaded(self, info) -> None:
+        self._end_load_progress()
         self.model_info = info
         picker = self.window.model_picker
-        if picker.currentData() != EMBEDDED_KEY:
+        if builtin_for_key(picker.currentData() or "") is None and picker.currentData() != EMBEDDED_KEY:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
-        self.window.model_status.setText(f"{info.name} ready (loaded in {info.load_seconds:.1f} s)")
+        waited = time.monotonic() - self._load_started  # the whole wait, preparing included
+        self.window.model_status.setText(f"{info.name} ready (loaded in {waited:.1f} s)")
         self.window.device_label.setText(f"{info.device} · {info.dtype}")
+        self._commit_choices()
         self._update_send_state()
         self._update_context_meter()
         for chip in self._pending_for(self.current_chat_id):  # count what waited for a model
             if chip.document is not None and chip.tokens is None:
                 self.bridge.count_tokens(chip.key, format_for_prompt(chip.document))
+        if self.current_chat_id is not None and self.current_chat_id not in self._last_usage:
+            self._count_chat(self.current_chat_id)
+        self._submit_held()
+
+    def _commit_choices(self) -> None:
+        """The new model or settings loaded: now they are remembered."""
+        if self._pending_engine is not None:
+            pending, self._pending_engine = self._pending_engine, None
+            self.save_model_defaults({"context_size": pending.pop("context_size", 0)})
+            self.store.set_setting("engine", pending)
+        if self._remember_model is not None:
+            self.store.set_setting("model", self._remember_model)
+            self._remember_model = None
 
     def _on_model_failed(self, message: str) -> None:
+        self._end_load_progress()
+        retry = self._pending_engine is not None or self._remember_model is not None
+        self._pending_engine = self._remember_model = None
         self.model_info = None
         self.model_error = message
         self.window.model_status.setText("No model loaded")
         self._update_send_state()
-        self._alert("The model could not be loaded", message)
+        self._alert("The model could not be loaded", message + (
+            "\n\nYour previous choice is kept and loaded again." if retry else ""))
+        if retry:  # back to what was remembered, which loaded before
+            self.model_override = None
+            self.refresh_models()
+            self.load_selected_model()
+        else:
+            self._fail_held(message)
+
+    def _on_model_kept(self, info, message: str) -> None:
+        """The new choice failed before the loaded model was let go: keep using it."""
+        self._end_load_progress()
+        self._pending_engine = self._remember_model = None
+        self.model_info = info
+        self.model_error = ""
+        self._select_in_picker(info.path)
+        self.window.model_status.setText(f"{info.name} ready (unchanged)")
+        self.window.device_label.setText(f"{info.device} · {info.dtype}")
+        self._update_send_state()
+        self._alert("The change could not be made",
+                    f"{message}\n\nStill using {info.name} on {info.device}; the setting was "
+                    "not changed.")
+        self._submit_held()
+
+    def _select_in_picker(self, path: str) -> None:
+        picker = self.window.model_picker
+        name = Path(path).name
+        for index in range(picker.count()):
+            builtin = builtin_for_key(picker.itemData(index) or "")
+            if picker.itemData(index) == path or (builtin is not None and builtin.filename == name):
+                picker.setCurrentIndex(index)
+                return
+
+    def _on_devices_found(self, devices) -> None:
+        self.devices = tuple(devices)
+
+    def apply_preferences(self, values: dict) -> None:
+        """Load the model with new engine settings (device, precision, chunk, context);
+        they are saved once it has loaded, and dropped if it fails."""
+        if self.replies and not self._confirm("Reload the model?", "Running replies will be stopped."):
+            return
+        self._pending_engine = dict(values)
+        self.load_selected_model()
 
     def _on_model_picked(self, _index: int) -> None:
         key = self.window.model_picker.currentData()
@@ -127,14 +256,33 @@ class ModelActions:
                 "still being written. Stop them and switch?"):
             self.refresh_models()
             return
-        self.store.set_setting("model", key)
+        self._remember_model = key
         self.model_override = None
         self.load_selected_model()
 
+    # -- adding models -------------------------------------------------------------------
+
     def _choose_model_file(self) -> None:
-        path, _ = QtWidgets.QFileDialog.getOpenFileName(self.window, "Add a model", str(Path.home()),
-                                                        "GGUF models (*.gguf)")
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(self.window, "Add a model file",
+                                                        str(Path.home()), "GGUF models (*.gguf)")
         if path:
+            self.bridge.inspect_model(path)
+
+    def _choose_model_folder(self) -> None:
+        path = QtWidgets.QFileDialog.getExistingDirectory(
+            self.window, "Add a model folder (config.json, *.safetensors, tokenizer.json)",
+            str(Path.home()))
+        if path:
+            self.add_model_paths([path])
+
+    def add_model_paths(self, paths: list[str]) -> None:
+        """Check each model file or folder in the worker; a refusal comes back as an alert."""
+        for path in paths:
+            if Path(path).is_dir() and not is_model_folder(path):
+                self._alert("This folder is not a model",
+                            f"{Path(path).name} has no config.json. A model folder holds "
+                            "config.json, the *.safetensors weights and tokenizer.json.")
+                continue
             self.bridge.inspect_model(path)
 
     def _on_model_inspected(self, path: str, facts) -> None:
@@ -154,6 +302,4 @@ class ModelActions:
             self._on_model_picked(index)
 
     def _on_model_rejected(self, path: str, message: str) -> None:
-        self._alert("This model cannot be added",
-                                      f"{Path(path).name}: {message}")
-
+        self._alert("This model cannot be added", f"{Path(path).name}: {message}")

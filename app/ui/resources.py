@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from app.ui.qt import QtGui
+from app.ui.qt import QtCore, QtGui
 
 
 def resources_dir() -> Path:
@@ -56,3 +56,37 @@ def danger_color(palette: QtGui.QPalette) -> QtGui.QColor:
 def tint(palette: QtGui.QPalette, towards: QtGui.QColor, amount: float) -> QtGui.QColor:
     """The palette's base colour with a little of `towards` mixed in (backgrounds)."""
     return blend(palette.color(QtGui.QPalette.ColorRole.Base), towards, amount)
+
+
+_PIN_ICON: QtGui.QIcon | None = None
+
+
+def pin_icon() -> QtGui.QIcon:
+    """A drawn pushpin for pinned chats (an emoji needs an emoji font, which many Linux
+    desktops lack: it showed as an empty box). Drawn once, at two sizes for HiDPI."""
+    global _PIN_ICON
+    if _PIN_ICON is None:
+        icon = QtGui.QIcon()
+        for size in (16, 32):
+            icon.addPixmap(_pin_pixmap(size))
+        _PIN_ICON = icon
+    return _PIN_ICON
+
+
+def _pin_pixmap(size: int) -> QtGui.QPixmap:
+    pixmap = QtGui.QPixmap(size, size)
+    pixmap.fill(QtGui.QColor(0, 0, 0, 0))
+    painter = QtGui.QPainter(pixmap)
+    painter.setRenderHint(QtGui.QPainter.RenderHint.Antialiasing)
+    painter.scale(size / 16, size / 16)
+    painter.translate(8, 8)
+    painter.rotate(45)  # a pin stuck in at an angle
+    painter.setPen(QtGui.QPen(QtGui.QColor("#6b6b6b"), 1.2))
+    painter.drawLine(QtCore.QPointF(0, 1), QtCore.QPointF(0, 7.5))  # the needle
+    painter.setPen(QtCore.Qt.PenStyle.NoPen)
+    painter.setBrush(QtGui.QColor("#d64545"))
+    painter.drawRoundedRect(QtCore.QRectF(-3.5, -7, 7, 3), 1, 1)  # the head
+    painter.drawRect(QtCore.QRectF(-2, -4.5, 4, 4))  # the body
+    painter.drawRoundedRect(QtCore.QRectF(-4.5, -1, 9, 2), 1, 1)  # the collar
+    painter.end()
+    return pixmap

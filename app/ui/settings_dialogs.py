@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from app.ui.qt import QtWidgets
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -83,13 +82,18 @@ class ChatSettingsDialog(QtWidgets.QDialog):
 class PreferencesDialog(QtWidgets.QDialog):
     """Where the model runs: device, weight precision, prefill chunk size."""
 
-    def __init__(self, values: dict, parent=None):
+    def __init__(self, values: dict, parent=None, devices: tuple[str, ...] = ("auto", "cpu")):
+        """`devices`: the ones that exist here (asked of the engine); only these are offered."""
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         form = QtWidgets.QFormLayout()
         self.device = QtWidgets.QComboBox()
-        self.device.addItems(DEVICES)
-        self.device.setCurrentText(values.get("device", "auto"))
+        self.device.setObjectName("deviceChoice")
+        self.device.addItems(list(devices))
+        current = values.get("device", "auto")
+        self.device.setCurrentText(current if current in devices else "auto")
+        self.device.setToolTip("auto: a GPU when there is one, else the CPU. Only the devices "
+                               "found on this computer are listed.")
         self.dtype = QtWidgets.QComboBox()
         self.dtype.addItems(DTYPES)
         self.dtype.setCurrentText(values.get("dtype", "auto"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 # Message display states: the stored statuses plus the live ones of a reply in progress.
 QUEUED, PREFILLING, STREAMING = "queued", "prefilling", "streaming"
 COMPLETE, STOPPED, ERROR, INTERRUPTED = "complete", "stopped", "error", "interrupted"
+LIVE_STATUSES = (QUEUED, PREFILLING, STREAMING)
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class MessageItem:
     info: str = ""  # e.g. "31.8 tok/s · 120 tokens"
     error: str = ""
     progress: str = ""  # e.g. "Reading the prompt… 45% (1,200 / 2,700 tokens, 800 cached)"
+    cut: bool = False  # stopped by the token limit: the view offers Continue
+    reasoning: str = ""  # a reasoning model's thinking (shown collapsed above the answer)
+    reasoning_label: str = ""  # e.g. "Thought for 4 s", "Thinking…"
 
 
 @dataclass(frozen=True)

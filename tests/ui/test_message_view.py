@@ -318,3 +318,33 @@ def test_line_breaks_leave_lists_and_headings_alone():
     assert with_line_breaks("# Title\nfirst\nsecond") == "# Title  \nfirst  \nsecond"
     assert with_line_breaks("a\n\nb") == "a\n\nb"
     assert with_line_breaks("x\n```\ny\nz\n```") == "x\n```\ny\nz\n```"
+
+
+# -- reasoning models ----------------------------------------------------------------------
+
+def test_thinking_is_collapsed_above_the_answer_and_opens_on_click(view, qtbot):
+    from app.ui.reasoning_view import split_reply
+
+    item = split_reply(assistant(1, "<think>\nThe user wants a colour.\n</think>\n\nBlue."),
+                       thinking_s=3.2)
+    assert (item.text, item.reasoning, item.reasoning_label) == (
+        "Blue.", "The user wants a colour.", "Thought for 3 s")
+    view.set_messages([item])
+    widget = view.message_widget(1)
+    assert widget.body.toPlainText() == "Blue."
+    assert not widget.reasoning_toggle.isHidden() and widget.reasoning_body.isHidden()
+    qtbot.mouseClick(widget.reasoning_toggle, Qt.LeftButton)
+    assert not widget.reasoning_body.isHidden()
+    assert widget.reasoning_body.toPlainText() == "The user wants a colour."
+
+
+def test_a_reply_still_thinking_says_so_and_a_plain_reply_has_no_toggle(view):
+    from app.ui.reasoning_view import split_reply
+
+    live = split_reply(assistant(1, "<think>Hmm, let me see", status=STREAMING), thinking_s=None)
+    assert live.reasoning_label == "Thinking…" and live.text == ""
+    plain = split_reply(assistant(2, "Just an answer."), thinking_s=None)
+    view.set_messages([live, plain])
+    assert not view.message_widget(1).reasoning_box.isHidden()
+    assert view.message_widget(1).progress_box.isHidden()  # the toggle says it is thinking
+    assert view.message_widget(2).reasoning_box.isHidden()

@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 
+from app.ui.builtin_models import default_key
 from tests.gguf_factory import write_gguf
 
 
@@ -28,14 +29,30 @@ def test_adding_a_valid_model_lists_it_and_switches_to_it(driver, embedded_model
 def test_broken_and_unsupported_models_are_refused_with_the_reason(driver, tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
-    llama = write_gguf(tmp_path / "llama.gguf", arch="llama",
-                       metadata={"general.name": "Tiny Llama"},
+    mamba = write_gguf(tmp_path / "mamba.gguf", arch="mamba",
+                       metadata={"general.name": "Tiny Mamba"},
                        tensors={"output_norm.weight": np.ones(32, np.float32)})
-    driver.controller.add_files([str(broken), str(llama)])
+    driver.controller.add_files([str(broken), str(mamba)])
     driver.qtbot.waitUntil(lambda: len(driver.alerts) == 2, timeout=30_000)
     messages = " ".join(text for _, text in driver.alerts)
-    assert "broken.gguf" in messages and "llama" in messages and "Gemma 3" in messages
+    assert "broken.gguf" in messages and "'mamba'" in messages
+    assert "runs Gemma 3 models" not in messages  # the models layer says what runs
     assert driver.store.list_models() == []
+
+
+def test_folders_dropped_are_models_only_with_a_config(driver, tmp_path):
+    plain = tmp_path / "holiday-photos"
+    plain.mkdir()
+    other = tmp_path / "some-bert"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
+    driver.controller.add_files([str(plain), str(other)])
+    driver.qtbot.waitUntil(lambda: len(driver.alerts) == 2, timeout=30_000)
+    first, second = (text for _, text in driver.alerts)
+    assert "holiday-photos is a folder" in first
+    assert "some-bert" in second and "bert" in second
+    assert driver.store.list_models() == []
+    assert driver.controller.pending.get(driver.controller.current_chat_id, []) == []
 
 
 def test_removing_a_model_keeps_its_file(driver, embedded_model_path, tmp_path):
@@ -47,7 +64,7 @@ def test_removing_a_model_keeps_its_file(driver, embedded_model_path, tmp_path):
                            and driver.controller.model_info.path == str(copy), timeout=60_000)
     driver.controller.remove_current_model()
     assert driver.store.list_models() == [] and copy.exists()
-    assert driver.find("modelPicker").currentData() == "embedded"
+    assert driver.find("modelPicker").currentData() == default_key()
 
 
 def test_per_model_defaults_are_remembered(driver):

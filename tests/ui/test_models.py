@@ -65,6 +65,9 @@ def test_removing_a_model_keeps_its_file(driver, embedded_model_path, tmp_path):
     driver.controller.remove_current_model()
     assert driver.store.list_models() == [] and copy.exists()
     assert driver.find("modelPicker").currentData() == default_key()
+    # The built-in model loads in its place (and the worker is idle again before closing).
+    driver.qtbot.waitUntil(lambda: driver.controller.model_info is not None, timeout=120_000)
+    assert driver.controller.model_info.path != str(copy)
 
 
 def test_per_model_defaults_are_remembered(driver):

@@ -16,6 +16,11 @@ class ChatRowDelegate(QtWidgets.QStyledItemDelegate):
     """Paints the row as the style does (icon, elided title) in the width the badge leaves,
     then the badge right-aligned in a smaller, muted font."""
 
+    def sizeHint(self, option, index: QtCore.QModelIndex) -> QtCore.QSize:
+        # No width of its own: a row is as wide as the list, and a long title is elided
+        # rather than scrolled sideways (which would push the badge out of sight).
+        return QtCore.QSize(1, super().sizeHint(option, index).height())
+
     def paint(self, painter: QtGui.QPainter, option, index: QtCore.QModelIndex) -> None:
         badge = index.data(BADGE_ROLE) or ""
         if not badge:
@@ -71,6 +76,7 @@ class ChatList(QtWidgets.QListWidget):
         self.setUniformItemSizes(True)
         self.setItemDelegate(ChatRowDelegate(self))
         self.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
 
     def _context_menu(self, pos) -> None:
         item = self.itemAt(pos)

@@ -12,7 +12,7 @@ from app.ui.qt import Qt, QtWidgets, Signal
 
 def _deleted_label(chat) -> str:
     when = dt.datetime.fromtimestamp(chat.deleted_at).strftime("%Y-%m-%d %H:%M")
-    return f"{chat.title}  ·  deleted {when}"
+    return f"{when}  ·  {chat.title}"
 
 
 class TrashDialog(QtWidgets.QDialog):
@@ -28,6 +28,9 @@ class TrashDialog(QtWidgets.QDialog):
         self.list = QtWidgets.QListWidget()
         self.list.setObjectName("trashList")
         self.list.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setUniformItemSizes(True)
         self.empty_label = QtWidgets.QLabel("The Trash is empty.")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.restore_button = QtWidgets.QPushButton("Restore")
@@ -44,7 +47,10 @@ class TrashDialog(QtWidgets.QDialog):
         buttons.addStretch(1)
         buttons.addWidget(close_button)
         layout = QtWidgets.QVBoxLayout(self)
-        layout.addWidget(QtWidgets.QLabel("Deleted chats stay here until you delete them for good."))
+        note = QtWidgets.QLabel("Deleted chats stay here until you delete them for good. "
+                                "Newest first, with when they were deleted.")
+        note.setWordWrap(True)
+        layout.addWidget(note)
         layout.addWidget(self.list, 1)
         layout.addWidget(self.empty_label)
         layout.addLayout(buttons)

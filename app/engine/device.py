@@ -3,32 +3,38 @@
 `auto` picks CUDA, then MPS, then the CPU. Weight dtype for `auto`, per device:
   - CUDA: bfloat16 where the GPU supports it, else float16;
   - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
-  - CPU: float16 + bfloat16 for models small enough to hold both (`resolve_weights`), else
-    bfloat16. Decode is memory-bound, so halving the weight bytes matters most.
-    Measured on the 2-core dev machine (Gemma 3 270M, see `python -m app bench`):
-        weights    decode      prefill 1,024   16-token chunk
-        float32    ~18 tok/s   1.8 s           --
-        bfloat16   ~33 tok/s   0.8 s           39 ms
-        float16    ~50 tok/s   1.8 s           97 ms
-    float16 decodes fastest but torch has no fast float16 matrix-matrix kernel on the
-    CPU, so prefill and the small chunks that interleave with other chats' streams are
-    2-3x slower; bfloat16 is the balanced single format. Holding both and picking per
-    product gets the best of each.
+  - CPU: measured, not assumed (`app.engine.kernel_policy`): on first load of a GGUF model
+    the candidate kernels (float32, bfloat16, float16, the 4-bit weight-only kernel) are
+    timed on the model's shapes for decode and for prefill, the result cached per CPU,
+    torch and model, and the fastest of each kept: GGUF blocks that fit the 4-bit kernel
+    stay quantized (`QuantizedWeight`), the rest follow the fastest float kinds, with a
+    second float copy for prefill when that is faster and the model is small. CPUs differ
+    too much for a fixed rule: bfloat16 matrix products are the fastest kernel with
+    AVX-512-BF16/AMX and the slowest on AVX2-only CPUs.
+  - Hugging Face folders on the CPU (no quantized blocks): bfloat16 + float16 as before.
+
+`--dtype float32|bfloat16|float16|int4` forces a choice (int4: the 4-bit kernel for every
+fitting weight, the rest float16).
 
 Activations (and so the KV cache) stay float32 on the CPU and whenever the weights are
 float16: Gemma's activations overflow float16 (measured: all-NaN logits in pure float16),
 and the CPU gains nothing from narrow activations. Only bfloat16 weights on a GPU compute
-in bfloat16.
+in bfloat16. The 4-bit kernel takes its activations in its own dtype, product by product.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from app.models.layers import WeightFormat
+from app.models.quantized import int4_kernel_available
+
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int4")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `auto` on the CPU keeps two copies of the weights for model files up to this size (a Q4
 # file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16).
@@ -77,8 +83,9 @@ def resolve_weights(name: str, device: torch.device, file_bytes: int
     `auto` on the CPU, for a small enough model, stores each weight twice: float16 for
     decode and bfloat16 for prefill (`DualWeight`): float16's decode speed with bfloat16's
     prefill speed, for twice the weight memory. Larger models get bfloat16 alone."""
-    if name not in DTYPE_CHOICES:
-        raise DeviceError(f"Unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
+    if name not in DTYPE_CHOICES or name == "int4":
+        raise DeviceError(f"Unknown float dtype {name!r}; choose one of "
+                          f"{', '.join(n for n in DTYPE_CHOICES if n != 'int4')}.")
     if name != "auto":
         return _DTYPES[name], None
     if device.type == "cuda":
@@ -102,15 +109,57 @@ def configure_cpu_threads() -> None:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 
-def load_on(path, device: str = "auto", dtype: str = "auto"):
-    """Load a model file where the policy says: device and dtype names as the user gives them."""
-    from app.models.loader import load_model
+@dataclass(frozen=True)
+class LoadPlan:
+    """How `load_on` loads one model: the weight format and what the status bar says of it."""
+
+    dtype: torch.dtype
+    wide_dtype: torch.dtype | None
+    int4: WeightFormat | None
+    label: str
+    reason: str
+
+
+def plan_load(path, device: torch.device, dtype: str) -> LoadPlan:
+    """The weight format for a dtype name on `device` (measuring the CPU when `auto` needs it)."""
+    from app.engine.kernel_policy import gguf_shapes, policy_for
     from app.models.model_facts import model_size_bytes
+    from app.paths import data_dir
+
+    if dtype not in DTYPE_CHOICES:
+        raise DeviceError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
+    file_bytes = model_size_bytes(path)
+    shapes = gguf_shapes(Path(path)) if device.type == "cpu" else None
+    if dtype == "int4" and (shapes is None or not int4_kernel_available()):
+        raise DeviceError("int4 needs a GGUF model on the CPU with a torch that has the 4-bit "
+                          "weight-only kernel; choose another dtype.")
+    if dtype == "int4":
+        fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, None)
+        return LoadPlan(torch.float16, None, fmt, "int4",
+                        "int4 chosen by hand (weights that do not fit it: float16)")
+    if dtype != "auto" or shapes is None:
+        weight_dtype, wide = resolve_weights(dtype, device, file_bytes)
+        label = "+".join(str(d).removeprefix("torch.") for d in (weight_dtype, wide) if d)
+        why = "chosen by hand" if dtype != "auto" else f"the default for {device.type}"
+        return LoadPlan(weight_dtype, wide, None, label, f"{label}: {why}")
+    configure_cpu_threads()  # the measurement must run on the threads the model will use
+    policy = policy_for(shapes, data_dir())
+    fmt, wide = policy.weight_format(device, file_bytes)
+    reason = policy.reason + (" (cached)" if policy.cached else "")
+    return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason)
+
+
+def load_on(path, device: str = "auto", dtype: str = "auto", progress=None):
+    """Load a model file where the policy says: device and dtype names as the user gives them.
+    The loaded model's `policy_label` and `policy_reason` say what was chosen and why."""
+    from app.models.loader import load_model
 
     torch_device = resolve_device(device)
-    file_bytes = model_size_bytes(path)
-    weight_dtype, wide = resolve_weights(dtype, torch_device, file_bytes)
     if torch_device.type == "cpu":
         configure_cpu_threads()
-    return load_model(path, torch_device, weight_dtype,
-                      compute_dtype_for(weight_dtype, torch_device), wide)
+    plan = plan_load(path, torch_device, dtype)
+    loaded = load_model(path, torch_device, plan.dtype,
+                        compute_dtype_for(plan.dtype, torch_device), plan.wide_dtype,
+                        progress=progress, int4=plan.int4)
+    loaded.policy_label, loaded.policy_reason = plan.label, plan.reason
+    return loaded

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from app.models.quantized import (INT4_TYPES, QuantizedWeight, RawTensor, int4_form, int4_kernel_available,
+                                  int4_linear, pack_int4)
+
 
 # ---- normalisation -------------------------------------------------------------------------
 
@@ -151,11 +154,12 @@ class DualWeight:
         return self.narrow.shape
 
 
-Weight = torch.Tensor | DualWeight
+Weight = torch.Tensor | DualWeight | QuantizedWeight
 
 
 def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
-    """x [..., in] times a weight stored [in, out] (transposed) or [out, in].
+    """x [..., in] times a weight stored [in, out] (transposed) or [out, in], or kept
+    quantized (`QuantizedWeight`, whatever `transposed` says).
 
     Weights may be stored narrower than the activations (e.g. float16 weights, float32
     activations); the product then runs in the weight dtype and comes back in the
@@ -164,6 +168,8 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
     against 76 ms upcasting the weight to float32 first), so past a few rows a float16
     weight is upcast instead.
     """
+    if isinstance(w, QuantizedWeight):
+        return int4_linear(x, w)
     if isinstance(w, DualWeight):
         w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
     if x.dtype != w.dtype:
@@ -176,18 +182,69 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How linear weights are stored for one loaded model: dtype, layout, optional wide copy."""
+    """How linear weights are stored for one loaded model: dtype, layout, optional wide copy,
+    and whether weights whose GGUF blocks fit the 4-bit kernel stay quantized (`int4`).
+
+    With `int4`, fitting weights become `QuantizedWeight`s multiplied with activations in
+    `int4_act_dtype`, plus a float copy in `int4_wide_dtype` for many-row products when set;
+    every other linear weight follows `dtype`/`wide_dtype` as without it."""
 
     dtype: torch.dtype
     transposed: bool
     wide_dtype: torch.dtype | None = None
+    int4: bool = False
+    int4_act_dtype: torch.dtype = torch.bfloat16
+    int4_wide_dtype: torch.dtype | None = None
 
-    def prepare(self, w: torch.Tensor) -> Weight:
-        """A float32 [out, in] weight -> what `linear` multiplies by."""
-        if self.wide_dtype is not None:
+    def wants_raw(self, ggml_type) -> bool:
+        """Whether a linear weight stored as `ggml_type` should reach `prepare` as its raw
+        blocks (a `RawTensor`) rather than dequantized to float32."""
+        return self.int4 and ggml_type in INT4_TYPES and int4_kernel_available()
+
+    def prepare(self, w: torch.Tensor | RawTensor, keep_rows: bool = False,
+                many_rows: bool = True) -> Weight:
+        """A float32 [out, in] weight, or a GGUF tensor's raw blocks, -> what `linear`
+        multiplies by. `keep_rows` (a tied embedding) keeps what `gather_rows` needs;
+        `many_rows=False` (the output projection, which a step runs for its last row only)
+        skips the wide copy."""
+        if isinstance(w, RawTensor):
+            form = int4_form(w) if self.int4 else None
+            if form is not None:
+                wide = None
+                if self.int4_wide_dtype is not None and many_rows:
+                    wide = w.dequantize().to(self.int4_wide_dtype)
+                rows = RawTensor(w.data.clone(), w.ggml_type, w.shape) if keep_rows else None
+                return QuantizedWeight(pack_int4(form, self.int4_act_dtype), w.shape[0], w.shape[1],
+                                       self.int4_act_dtype, wide=wide,
+                                       narrow_rows_max=_DUAL_NARROW_ROWS_MAX, rows=rows)
+            w = w.dequantize()
+        if self.wide_dtype is not None and many_rows:
             return DualWeight(w.to(self.dtype), w.to(self.wide_dtype))
         return (w.t().contiguous() if self.transposed else w).to(self.dtype)
 
     def rows_table(self, w: Weight) -> torch.Tensor:
         """An embedding table [V, d] (or its transposed [d, V] form) as one plain tensor."""
         return w.narrow if isinstance(w, DualWeight) else w
+
+    def gather_rows(self, w: Weight, ids: torch.Tensor, tied: bool) -> torch.Tensor:
+        """Embedding rows for flat token ids [n] -> [n, d] (float32 from a quantized table,
+        else the table's dtype). `tied`: `w` is the output projection in the linear layout."""
+        if isinstance(w, QuantizedWeight):
+            return w.gather_rows(ids)
+        table = self.rows_table(w)
+        if tied and self.transposed:
+            return table.index_select(1, ids).t()
+        return table[ids]
+
+    @property
+    def label(self) -> str:
+        """e.g. "int4+bfloat16" or "float16+bfloat16"."""
+        names = [_short(self.dtype)] + ([_short(self.wide_dtype)] if self.wide_dtype else [])
+        if self.int4:
+            wide = f"/{_short(self.int4_wide_dtype)}" if self.int4_wide_dtype else ""
+            return f"int4({_short(self.int4_act_dtype)}{wide})+" + "+".join(names)
+        return "+".join(names)
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

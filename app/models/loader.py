@@ -47,10 +47,16 @@ class LoadedModel:
     dtype: torch.dtype  # the weights' (for decode, when there is a wide copy too)
     load_seconds: float
     wide_dtype: torch.dtype | None = None  # a second copy for prefill, see DualWeight
+    weight_format: WeightFormat | None = None
+    # What the dtype policy chose and why, for the status bar (app.engine.kernel_policy).
+    policy_label: str = ""
+    policy_reason: str = ""
 
     @property
     def weights_label(self) -> str:
-        """e.g. "bfloat16", or "float16+bfloat16" with a wide copy."""
+        """e.g. "bfloat16", "float16+bfloat16" with a wide copy, "int4(bfloat16)+float16"."""
+        if self.weight_format is not None:
+            return self.weight_format.label
         return "+".join(str(d).removeprefix("torch.") for d in (self.dtype, self.wide_dtype) if d)
 
     @property
@@ -99,13 +105,19 @@ class LoadedModel:
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
                compute_dtype: torch.dtype | None = None,
                wide_dtype: torch.dtype | None = None,
-               progress: ProgressFn | None = None) -> LoadedModel:
+               progress: ProgressFn | None = None, int4: WeightFormat | None = None
+               ) -> LoadedModel:
     """Load a GGUF file or a Hugging Face folder onto `device` with weights in `dtype` and
     activations in `compute_dtype` (default: the weights' dtype). With `wide_dtype`, every
-    linear weight is also kept in that dtype for many-row products (`DualWeight`)."""
+    linear weight is also kept in that dtype for many-row products (`DualWeight`). With
+    `int4` (a format whose `int4` is set), GGUF weights whose blocks fit the 4-bit kernel
+    stay quantized as that format says (`QuantizedWeight`)."""
     start = time.perf_counter()
     path = Path(path)
     fmt = WeightFormat(dtype, weights_transposed(device, dtype), wide_dtype)
+    if int4 is not None and int4.int4 and device.type == "cpu":
+        fmt = WeightFormat(dtype, fmt.transposed, wide_dtype, True, int4.int4_act_dtype,
+                           int4.int4_wide_dtype)
     loader = _load_hf_folder if path.is_dir() else _load_gguf
     try:
         with torch.inference_mode():
@@ -120,7 +132,8 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
                          f"embedding only {cfg.vocab_size:,} rows; the file is inconsistent.")
     return LoadedModel(path=path, name=name, architecture=arch, model=model, config=cfg,
                        tokenizer=tokenizer, template=template, device=device, dtype=dtype,
-                       load_seconds=time.perf_counter() - start, wide_dtype=wide_dtype)
+                       load_seconds=time.perf_counter() - start, wide_dtype=wide_dtype,
+                       weight_format=fmt)
 
 
 def load_tokenizer(path: str | Path):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from app.models.causal_lm import KVFacts, KVView
 from app.models.errors import ModelError
+from app.models.quantized import RawTensor
 from app.models.layers import (ACTIVATIONS, ROPE_HALF, ROPE_INTERLEAVED, RopeSpec, Weight,
                                WeightFormat, apply_rope, linear, rms_norm, soft_cap)
 
@@ -266,17 +267,30 @@ class TransformerLM(torch.nn.Module):
             raise ModelError(f"The model has no weight slot {slot!r}.")
         if tuple(tensor.shape) != expected:
             raise ModelError(f"Weight {slot!r} has shape {tuple(tensor.shape)}, expected {expected}.")
+        is_linear = self._is_linear(name)
+        if isinstance(tensor, RawTensor):  # blocks kept quantized (fmt.wants_raw); see pack_int4
+            if not is_linear:
+                raise ModelError(f"Weight {slot!r} cannot stay quantized.")
+            setattr(owner, name, self.fmt.prepare(tensor, keep_rows=name == "embedding",
+                                                  many_rows=name not in ("embedding", "head")))
+            return
         if not torch.isfinite(tensor).all():
             raise ModelError(f"Weight {slot!r} contains NaN or infinite values; the file is damaged.")
-        is_linear = name in DecoderLayer.LINEAR_SLOTS or name == "head" or (
-            name == "embedding" and self.cfg.tied_head)
-        if is_linear:
-            value = self.fmt.prepare(tensor)
+        if is_linear:  # the output projection runs for a step's last rows only: no wide copy
+            value = self.fmt.prepare(tensor, many_rows=name not in ("embedding", "head"))
         elif name == "embedding":
             value = tensor.to(self.fmt.dtype)
         else:
             value = tensor.float()  # norms and biases stay float32
         setattr(owner, name, value)
+
+    def _is_linear(self, name: str) -> bool:
+        return name in DecoderLayer.LINEAR_SLOTS or name == "head" or (
+            name == "embedding" and self.cfg.tied_head)
+
+    def wants_raw(self, slot: str, ggml_type) -> bool:
+        """Whether `slot` should be assigned a GGUF tensor's raw blocks (kept quantized)."""
+        return self._is_linear(slot.rsplit(".", 1)[-1]) and self.fmt.wants_raw(ggml_type)
 
     def finish_loading(self) -> "TransformerLM":
         missing = [slot for slot in self.slot_shapes() if self._slot_value(slot) is None]
@@ -299,11 +313,7 @@ class TransformerLM(torch.nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         flat = tokens.reshape(-1)
-        table = self.fmt.rows_table(self.embedding)
-        if self.cfg.tied_head and self.fmt.transposed:
-            x = table.index_select(1, flat).t()
-        else:
-            x = table[flat]
+        x = self.fmt.gather_rows(self.embedding, flat, self.cfg.tied_head)
         x = x.to(self.compute_dtype)
         if self.cfg.embed_scale:
             # The scale is rounded to the activation dtype first, as the reference does.

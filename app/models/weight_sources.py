@@ -14,10 +14,13 @@ from pathlib import Path
 
 import torch
 
-from app.models.dequant import dequantize
+from gguf.constants import GGML_QUANT_SIZES
+
+from app.models.dequant import _as_torch_bytes, dequantize
 from app.models.errors import ModelError
 from app.models.families.common import TensorRef
 from app.models.gguf_file import GGUFFile
+from app.models.quantized import RawTensor
 
 
 class GGUFTensors:
@@ -31,6 +34,23 @@ class GGUFTensors:
             raise ModelError(f"{self.gguf.path.name} lacks the tensor {name!r}; the file is incomplete.")
         return dequantize(self.gguf.raw_tensor(name), info.ggml_type, info.shape, device=self.device,
                           dtype=torch.float32)
+
+    def ggml_type(self, name: str):
+        info = self.gguf.tensors.get(name)
+        return None if info is None else info.ggml_type
+
+    def read_raw(self, name: str) -> RawTensor:
+        """A 2-D tensor's stored blocks, row by row, without dequantizing (a view of the file)."""
+        info = self.gguf.tensors.get(name)
+        if info is None or len(info.shape) != 2:
+            raise ModelError(f"{self.gguf.path.name} lacks the 2-D tensor {name!r}; the file is incomplete.")
+        data = _as_torch_bytes(self.gguf.raw_tensor(name))
+        rows, cols = (int(d) for d in info.shape)
+        block, size = GGML_QUANT_SIZES[info.ggml_type]
+        if cols % block or data.numel() != rows * cols // block * size:
+            raise ModelError(f"Tensor {name!r} holds {data.numel():,} bytes, wrong for its shape "
+                             f"{(rows, cols)}; the file is corrupt.")
+        return RawTensor(data.view(rows, -1), info.ggml_type, (rows, cols))
 
 
 # Multimodal checkpoints keep the language model under another prefix; map it to the
@@ -96,14 +116,16 @@ def fill_weights(model, refs: Iterable[TensorRef], source) -> None:
     cached_name, cached = None, None
     for ref in refs:
         if ref.name != cached_name:
-            cached_name, cached = ref.name, source.read(ref.name)
+            raw = (hasattr(model, "wants_raw") and hasattr(source, "read_raw")
+                   and model.wants_raw(ref.slot, source.ggml_type(ref.name)))
+            cached_name, cached = ref.name, (source.read_raw if raw else source.read)(ref.name)
         tensor = cached
         if ref.rows is not None:
             start, end = ref.rows
-            if tensor.dim() < 1 or tensor.shape[0] < end:
+            if len(tensor.shape) < 1 or tensor.shape[0] < end:
                 raise ModelError(f"Tensor {ref.name!r} has shape {tuple(tensor.shape)}, too small to "
                                  f"hold rows {start}..{end} of the fused weight.")
-            tensor = tensor[start:end]
+            tensor = tensor.rows(start, end) if isinstance(tensor, RawTensor) else tensor[start:end]
         if ref.add_one:
             tensor = tensor + 1.0
         model.assign(ref.slot, tensor)

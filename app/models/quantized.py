@@ -1,0 +1,229 @@
+"""Weights that stay quantized at run time: GGUF blocks mapped onto torch's 4-bit weight-only
+matrix product (`aten._weight_int4pack_mm_for_cpu`), with no re-quantization of floats.
+
+The kernel multiplies by w = (c - 8) * scale + zero, with c a 4-bit code and one (scale,
+zero) pair per group of 32 inputs of each output row (checked numerically in the tests).
+Every GGUF block type whose groups are 32 values with one scale and one offset fits that
+form exactly once written as
+
+    w = s * (lo + 16 * h) + b        lo in 0..15, h a small signed integer (or absent)
+
+  Q4_0  s = d,       b = -8d,     no h         (one 4-bit plane)
+  Q4_1  s = d,       b = m,       no h
+  Q4_K  s = d*sc_g,  b = -dmin*m_g, no h       (eight groups of 32 per 256-block)
+  Q5_0  s = d,       b = -16d,    h = 5th bit  (two planes: lo, and h with scale 16s)
+  Q5_1  s = d,       b = m,       h = 5th bit
+  Q5_K  s = d*sc_g,  b = -dmin*m_g, h = 5th bit
+  Q8_0  s = d,       b = 0,       lo = q & 15, h = q >> 4 (signed, -8..7)
+
+Plane one: codes lo, scale s, zero b + 8s. Plane two (when h exists): codes h + 8, scale 16s,
+zero 0. The sum of the two products is exactly the dequantized weight, up to the rounding of
+scale and zero to the kernel's dtype. Q6_K (groups of 16) and float tensors do not fit and
+stay float copies.
+
+The integer codes come straight from the block bits; only s and b are computed, with the same
+float32 operations `app.models.dequant` uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from app.models.dequant import _f16, _nibbles, _bits, _bits_little, _scale_min_k4, dequantize
+from app.models.errors import ModelError
+
+T = GGMLQuantizationType
+INT4_GROUP = 32
+# The kernel's inner-K tiling for the CPU packing (2 tiles of 16 codes).
+_INNER_K_TILES = 2
+INT4_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0})
+ONE_PLANE_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
+
+
+def int4_kernel_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+
+
+# ---- raw GGUF tensors ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """One GGUF tensor's stored blocks, row by row: data is uint8 [rows, row_bytes] on the CPU
+    (a view of the file's memory map until something copies it); shape is torch order
+    (rows, cols)."""
+
+    data: torch.Tensor
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, int]
+
+    def rows(self, start: int, end: int) -> "RawTensor":
+        """Rows [start, end): whole rows are whole blocks, so slicing bytes is exact."""
+        return RawTensor(self.data[start:end], self.ggml_type, (end - start, self.shape[1]))
+
+    def dequantize(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        return dequantize(self.data.numpy(), self.ggml_type, self.shape, device=device,
+                          dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class Int4Form:
+    """w = s * (lo + 16 * h) + b per group of 32 (see the module docstring).
+    lo: uint8 [N, K] in 0..15; h: int8 [N, K] or None; s, b: float32 [N, K / 32]."""
+
+    lo: torch.Tensor
+    h: torch.Tensor | None
+    s: torch.Tensor
+    b: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K], computed from the form (the tests compare it with `dequantize`)."""
+        q = self.lo.to(torch.float32)
+        if self.h is not None:
+            q = q + 16 * self.h.to(torch.float32)
+        N, K = q.shape
+        s = self.s.repeat_interleave(INT4_GROUP, 1)
+        b = self.b.repeat_interleave(INT4_GROUP, 1)
+        return s * q + b
+
+
+def int4_form(raw: RawTensor) -> Int4Form | None:
+    """The exact 4-bit form of a tensor's blocks, or None for types that do not fit."""
+    t = raw.ggml_type
+    if t not in INT4_TYPES:
+        return None
+    N, K = raw.shape
+    block, size = GGML_QUANT_SIZES[t]
+    blocks = raw.data.reshape(-1, size)
+    n = blocks.shape[0]
+    h = None
+    if t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):  # blocks of 32: one group each
+        d = _f16(blocks[:, 0:2])  # (n, 1)
+        if t == T.Q8_0:
+            q = blocks[:, 2:34].view(torch.int8)
+            lo, h = (q & 15).to(torch.uint8), q >> 4  # arithmetic shift: -8..7
+            b = torch.zeros_like(d)
+        elif t == T.Q4_0:
+            lo, b = _nibbles(blocks[:, 2:18]).reshape(n, 32), -8 * d
+        elif t == T.Q4_1:
+            lo, b = _nibbles(blocks[:, 4:20]).reshape(n, 32), _f16(blocks[:, 2:4])
+        elif t == T.Q5_0:
+            lo, h = _nibbles(blocks[:, 6:22]).reshape(n, 32), _bits_little(blocks[:, 2:6]).to(torch.int8)
+            b = -16 * d
+        else:  # Q5_1
+            lo, h = _nibbles(blocks[:, 8:24]).reshape(n, 32), _bits_little(blocks[:, 4:8]).to(torch.int8)
+            b = _f16(blocks[:, 2:4])
+        s = d
+    else:  # Q4_K, Q5_K: 256-blocks of eight groups of 32
+        d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+        sc, mn = _scale_min_k4(blocks[:, 4:16])
+        s, b = d * sc, -(dmin * mn)  # (n, 8): as dequant's dl and -ml
+        if t == T.Q4_K:
+            lo = _nibbles(blocks[:, 16:144].reshape(n * 4, 32))
+        else:
+            lo = _nibbles(blocks[:, 48:176].reshape(n * 4, 32))
+            h = _bits(blocks[:, 16:48]).reshape(n, 8, 32).to(torch.int8)
+        lo = lo.reshape(n, 8, 32)
+    groups = K // INT4_GROUP
+    return Int4Form(lo.reshape(N, K), None if h is None else h.reshape(N, K),
+                    s.reshape(N, groups).contiguous(), b.reshape(N, groups).contiguous())
+
+
+# ---- packed weights and the product --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Int4Plane:
+    packed: torch.Tensor  # the kernel's packing of [N, K] 4-bit codes
+    scale_zeros: torch.Tensor  # [K / 32, N, 2] in the activation dtype
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One [out, in] linear weight as one or two 4-bit planes (their products summed).
+
+    Products run with activations in `act_dtype` (the kernel's fast dtype on the machine;
+    the result comes back in the caller's dtype). With `wide`, products of more than
+    `narrow_rows_max` rows use that float copy instead (prefill, when the policy measured
+    a float kernel faster for many rows). `rows` keeps the raw blocks of a tied embedding
+    so token lookups dequantize exactly the rows they need."""
+
+    planes: tuple[Int4Plane, ...]
+    out_features: int
+    in_features: int
+    act_dtype: torch.dtype
+    wide: torch.Tensor | None = None
+    narrow_rows_max: int = 2
+    rows: RawTensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.planes[0].packed.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.act_dtype
+
+    def gather_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows for token ids [n] -> float32 [n, in]."""
+        if self.rows is None:
+            raise ModelError("This quantized weight keeps no embedding rows.")
+        picked = self.rows.data.index_select(0, ids.cpu())
+        raw = RawTensor(picked, self.rows.ggml_type, (ids.numel(), self.in_features))
+        return raw.dequantize(ids.device)
+
+
+def _plane(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype
+           ) -> Int4Plane:
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), _INNER_K_TILES)
+    scale_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(dtype).contiguous()  # [K/32, N, 2]
+    return Int4Plane(packed, scale_zeros)
+
+
+def pack_int4(form: Int4Form, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
+    """The kernel's planes for `form` (see the module docstring for the algebra)."""
+    if not (torch.isfinite(form.s).all() and torch.isfinite(form.b).all()):
+        raise ModelError("A quantized weight has NaN or infinite scales; the file is damaged.")
+    planes = [_plane(form.lo, form.s, form.b + 8 * form.s, act_dtype)]
+    if form.h is not None:
+        planes.append(_plane((form.h + 8).to(torch.uint8), 16 * form.s, torch.zeros_like(form.s),
+                             act_dtype))
+    return tuple(planes)
+
+
+def quantize_synthetic(w: torch.Tensor) -> Int4Form:
+    """A 4-bit form for a float weight (Q4_1-like, min/max per group of 32): only for timing
+    candidate kernels on a model's shapes, never for a model's weights."""
+    N, K = w.shape
+    g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
+    lo_v, hi_v = g.amin(-1), g.amax(-1)
+    s = ((hi_v - lo_v) / 15).clamp_min(1e-8)
+    codes = ((g - lo_v[..., None]) / s[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return Int4Form(codes.reshape(N, K), None, s, lo_v)
+
+
+def int4_linear(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    """x [..., in] -> [..., out] in x's dtype."""
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    if w.wide is not None and flat.shape[0] > w.narrow_rows_max:
+        wide = w.wide
+        out = torch.nn.functional.linear(flat.to(wide.dtype), wide)
+        return out.to(x.dtype).view(*lead, w.out_features)
+    a = flat.to(w.act_dtype)
+    first, *rest = w.planes
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, first.packed, INT4_GROUP, first.scale_zeros)
+    if rest:  # the planes' sum in float32, so the low plane is not lost to the high one's rounding
+        out = out.float()
+        for plane in rest:
+            out += torch.ops.aten._weight_int4pack_mm_for_cpu(a, plane.packed, INT4_GROUP,
+                                                             plane.scale_zeros).float()
+    return out.to(x.dtype).view(*lead, w.out_features)

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Dev-only: how much each weight format costs in quality, against the float32 model.
+
+For each format: the mean negative log-likelihood of a public long text (CPython's LICENSE,
+which ships with every Python; its first --tokens tokens), the relative change against
+float32, and whether greedy decoding from the reference prompts (tests/fixtures/*.json and,
+when given, the shared Gemma reference) gives the same tokens as float32.
+
+    .venv/bin/python scripts/measure_weight_quality.py --model default --formats float32,int4,auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import sysconfig
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+
+
+def license_text() -> str:
+    for base in (sysconfig.get_paths()["stdlib"], str(Path(sys.base_prefix) / "lib")):
+        for path in Path(base).glob("**/LICENSE.txt"):
+            return path.read_text(encoding="utf-8")
+    raise SystemExit("CPython's LICENSE.txt was not found next to the standard library.")
+
+
+@torch.inference_mode()
+def mean_nll(loaded, ids: list[int], chunk: int = 256) -> float:
+    from app.engine.contiguous_kv import ContiguousKV
+
+    kv = ContiguousKV(loaded.kv_facts, len(ids), loaded.device, loaded.compute_dtype)
+    total, count = 0.0, 0
+    while kv.length < len(ids) - 1:
+        start = kv.length
+        part = ids[start: start + chunk]
+        hidden = loaded.model(torch.tensor([part]), kv.positions(len(part)), kv)
+        kv.commit(len(part))
+        targets = torch.tensor(ids[start + 1: start + 1 + len(part)])
+        logits = loaded.model.logits(hidden[0, : len(targets)])
+        total += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+        count += len(targets)
+    return total / count
+
+
+def reference_prompts(model_name: str, shared: Path | None) -> list[list[int]]:
+    prompts = []
+    names = ["smollm2_reference.json"] if "smol" in model_name.lower() else ["gemma3_long_prompt.json"]
+    files = [FIXTURES / n for n in names]
+    if shared is not None and "smol" not in model_name.lower():
+        files.append(shared / "reference" / "gemma3-270m-reference.json")
+    for path in files:
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if "prompt_ids" in data:
+            prompts.append(data["prompt_ids"])
+        for case in data.get("cases", []):
+            prompts.append(case["prompt_ids"])
+    return prompts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--formats", default="float32,int4,auto,float16,bfloat16")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--greedy-tokens", type=int, default=32)
+    parser.add_argument("--shared", type=Path, default=None)
+    args = parser.parse_args()
+
+    from app.cli import resolve_model_path
+    from app.engine.device import load_on
+    from app.engine.generate import generate
+    from app.engine.sampling import SamplingParams
+    from app.models.prompt import bos_prefix
+
+    path = resolve_model_path(args.model, None)
+    greedy = SamplingParams(max_tokens=args.greedy_tokens, temperature=0, ignore_eos=True)
+    base_nll, base_tokens = None, None
+    for fmt in args.formats.split(","):
+        loaded = load_on(path, "cpu", fmt)
+        tok = loaded.tokenizer
+        ids = (bos_prefix(tok) + tok.encode(license_text()))[: args.tokens]
+        prompts = reference_prompts(loaded.name, args.shared)
+        nll = mean_nll(loaded, ids)
+        outs = [generate(loaded, p, greedy).completion_ids for p in prompts]
+        if base_nll is None:
+            base_nll, base_tokens = nll, outs
+        agree = sum(a == b for a, b in zip(outs, base_tokens))
+        first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                      for a, b in zip(outs, base_tokens)]
+        print(json.dumps({"model": loaded.name, "format": fmt, "weights": loaded.weights_label,
+                          "tokens": len(ids), "mean_nll": round(nll, 5),
+                          "vs_first_pct": round(100 * (nll - base_nll) / base_nll, 3),
+                          "perplexity": round(math.exp(nll), 3),
+                          "greedy_same": f"{agree}/{len(outs)}", "first_difference_at": first_diff}),
+              flush=True)
+        loaded.unload()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

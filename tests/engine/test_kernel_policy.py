@@ -1,0 +1,124 @@
+"""The measured CPU weight policy: what it picks from timings, and its cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from app.engine import kernel_policy as kp
+from app.engine.device import DeviceError, plan_load
+from app.models.quantized import int4_kernel_available
+
+# Small shapes so a real measurement takes a fraction of a second.
+TINY = kp.ModelShapes("tiny", {(64, 64): 4, (128, 64): 2, (64, 128): 2}, (512, 64), 1.0, 1.0)
+
+
+def test_the_fastest_kind_per_product_is_chosen_and_explained():
+    decode = {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 2.0, "int4_f32": 9.0}
+    prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
+    policy = kp.choose(decode, prefill, TINY)
+    assert (policy.decode, policy.prefill) == ("int4_bf16", "bfloat16")
+    assert policy.label == "int4_bf16 decode, bfloat16 prefill"
+    assert "2.0 ms with int4_bf16" in policy.reason and "float16 3.0 ms" in policy.reason
+    assert kp.cpu_identity() in policy.reason
+
+
+def test_an_avx2_like_machine_gets_float16_not_bfloat16():
+    """Timings shaped like the AVX2-only EPYC's: bfloat16 has no fast kernel there."""
+    decode = {"float32": 60.0, "bfloat16": 90.0, "float16": 30.0, "int4_bf16": 45.0, "int4_f32": 200.0}
+    prefill = {"float32": 80.0, "bfloat16": 400.0, "float16": 90.0, "int4_bf16": 500.0}
+    policy = kp.choose(decode, prefill, TINY)
+    assert (policy.decode, policy.prefill) == ("float16", "float32")
+    fmt, wide = policy.weight_format(torch.device("cpu"), file_bytes=200 * 2**20)
+    assert (fmt.dtype, fmt.wide_dtype, fmt.int4, wide) == (torch.float16, torch.float32, False,
+                                                           torch.float32)
+
+
+def test_kinds_that_fail_quality_or_do_not_fit_are_never_chosen(monkeypatch):
+    decode = {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 1.0, "int4_f32": 9.0}
+    prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
+    no_blocks = kp.ModelShapes("f16 model", TINY.layers, TINY.head, 0.0)
+    assert kp.choose(decode, prefill, no_blocks).decode == "float16"
+    monkeypatch.setattr(kp, "FAILS_QUALITY", frozenset({"int4_bf16", "float16"}))
+    assert kp.choose(decode, prefill, TINY).decode == "bfloat16"
+
+
+def test_int4_decode_with_a_float_prefill_keeps_a_wide_copy_for_small_models_only():
+    policy = kp.Policy("int4_bf16", "bfloat16", "x", "y",
+                       {"float32": 3.0, "bfloat16": 2.0, "float16": 1.0, "int4_bf16": 0.5},
+                       {"float32": 3.0, "bfloat16": 1.0, "float16": 2.0, "int4_bf16": 4.0})
+    fmt, _ = policy.weight_format(torch.device("cpu"), file_bytes=300 * 2**20)
+    assert fmt.int4 and fmt.int4_act_dtype == torch.bfloat16 and fmt.int4_wide_dtype == torch.bfloat16
+    assert (fmt.dtype, fmt.wide_dtype) == (torch.float16, torch.bfloat16)  # weights that do not fit
+    big, _ = policy.weight_format(torch.device("cpu"), file_bytes=4 * 2**30)
+    assert big.int4 and big.int4_wide_dtype is None and big.wide_dtype is None
+
+
+@pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
+def test_a_real_measurement_times_every_kind():
+    decode, prefill = kp.measure(TINY)
+    assert set(decode) == set(kp.KINDS) and set(prefill) == set(kp.PREFILL_KINDS)
+    assert all(ms > 0 for ms in [*decode.values(), *prefill.values()])
+
+
+def test_the_cache_is_written_then_reused(tmp_path):
+    first = kp.policy_for(TINY, tmp_path)
+    assert not first.cached
+    data = json.loads((tmp_path / kp.CACHE_FILE).read_text())
+    assert list(data["entries"]) == [kp.cache_key(TINY)]
+    again = kp.policy_for(TINY, tmp_path)
+    assert again.cached and (again.decode, again.prefill, again.decode_ms) == (
+        first.decode, first.prefill, first.decode_ms)
+
+
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"entries": 3}', "\udcff"])
+def test_a_damaged_cache_is_ignored_and_rewritten(tmp_path, damage):
+    (tmp_path / kp.CACHE_FILE).write_bytes(damage.encode("utf-8", "surrogateescape"))
+    policy = kp.policy_for(TINY, tmp_path)
+    assert not policy.cached
+    assert kp.cache_key(TINY) in json.loads((tmp_path / kp.CACHE_FILE).read_text())["entries"]
+
+
+def test_a_damaged_entry_is_measured_again(tmp_path):
+    kp.write_cache(tmp_path / kp.CACHE_FILE, {kp.cache_key(TINY): {"decode": "warp drive"}})
+    assert not kp.policy_for(TINY, tmp_path).cached
+    assert kp.policy_for(TINY, tmp_path).cached
+
+
+def test_another_cpu_torch_or_model_does_not_reuse_the_entry(tmp_path, monkeypatch):
+    kp.policy_for(TINY, tmp_path)
+    other_model = kp.ModelShapes("other", TINY.layers, TINY.head, 1.0)
+    assert not kp.policy_for(other_model, tmp_path).cached
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert not kp.policy_for(TINY, tmp_path).cached
+    monkeypatch.undo()
+    monkeypatch.setattr(kp, "cpu_identity", lambda: "Some Other CPU | AVX2 | 2 threads")
+    assert not kp.policy_for(TINY, tmp_path).cached
+    entries = json.loads((tmp_path / kp.CACHE_FILE).read_text())["entries"]
+    assert len(entries) == 4  # every machine and model keeps its own
+
+
+def test_the_embedded_models_shapes(embedded_model_path):
+    shapes = kp.gguf_shapes(embedded_model_path)
+    assert shapes.head == (262144, 640)
+    assert shapes.layers[(2048, 640)] == 2 * 18 and shapes.layers[(640, 2048)] == 18
+    assert 0.9 < shapes.int4_fraction < 1 and 1 < shapes.int4_planes <= 2  # Q6_K does not fit
+
+
+def test_forcing_int4_needs_a_gguf_model(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    with pytest.raises(DeviceError, match="int4 needs a GGUF model"):
+        plan_load(folder, torch.device("cpu"), "int4")
+    with pytest.raises(DeviceError, match="Unknown dtype"):
+        plan_load(folder, torch.device("cpu"), "int3")
+
+
+def test_auto_on_the_cpu_measures_once_and_says_why(embedded_model_path, _own_data_dir):
+    plan = plan_load(embedded_model_path, torch.device("cpu"), "auto")
+    assert plan.reason.startswith("measured on ") and not plan.reason.endswith("(cached)")
+    assert (_own_data_dir / kp.CACHE_FILE).is_file()
+    again = plan_load(embedded_model_path, torch.device("cpu"), "auto")
+    assert again.reason.endswith("(cached)") and again.label == plan.label

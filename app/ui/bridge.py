@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from app.documents import DocumentError, extract_document, format_for_prompt
-from app.engine.device import available_devices, resolve_device
+from app.engine.device import DTYPE_CHOICES, available_devices, resolve_device
 from app.engine.engine import EngineConfig
 from app.engine.sampling import SamplingParams
 from app.engine.session import ModelSession, NoModelError
@@ -60,7 +60,7 @@ class EngineBridge(QObject):
     modelInspected = Signal(str, object)  # path, ModelFacts
     modelRejected = Signal(str, str)  # path, message
     chatCounted = Signal(int, int)  # chat id, prompt tokens of the whole conversation
-    devicesFound = Signal(object)  # tuple of device names that exist here, "auto" first
+    devicesFound = Signal(object, object)  # devices that exist here ("auto" first), dtypes
 
     def __init__(self):
         super().__init__()
@@ -156,7 +156,7 @@ class EngineBridge(QObject):
 
     @Slot()
     def _do_probe_devices(self) -> None:
-        self.devicesFound.emit(available_devices())
+        self.devicesFound.emit(available_devices(), DTYPE_CHOICES)
 
     @Slot(str, str, str, int, int)
     def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,

@@ -70,7 +70,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._title_jobs: dict[str, tuple[int, str]] = {}  # request id -> chat id, title so far
         self._auto_titles: dict[int, str] = {}  # chat -> the title given automatically
         self.trash_dialog: TrashDialog | None = None
-        self.devices: tuple[str, ...] = ("auto", "cpu")  # until the worker says what exists
+        # What the engine offers here; the worker answers at start-up.
+        self.devices: tuple[str, ...] = ("auto",)
+        self.dtypes: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
         self._search_timer = QTimer(singleShot=True, interval=200)
         self._undo_timer = QTimer(singleShot=True, interval=8000)
         # Streaming replies reach the disk on this beat, whenever their text changed.

@@ -30,7 +30,8 @@ class DialogActions:
     def _open_preferences(self) -> None:
         from app.ui.settings_dialogs import PreferencesDialog
 
-        dialog = PreferencesDialog(self.engine_settings(), self.window, devices=self.devices)
+        dialog = PreferencesDialog(self.engine_settings(), self.window, devices=self.devices,
+                                   dtypes=self.dtypes)
         if dialog.exec():
             self.apply_preferences(dialog.values())
 

@@ -238,8 +238,8 @@ class ModelActions:
                 picker.setCurrentIndex(index)
                 return
 
-    def _on_devices_found(self, devices) -> None:
-        self.devices = tuple(devices)
+    def _on_devices_found(self, devices, dtypes) -> None:
+        self.devices, self.dtypes = tuple(devices), tuple(dtypes)
 
     def apply_preferences(self, values: dict) -> None:
         """Load the model with new engine settings (device, precision, chunk, context);

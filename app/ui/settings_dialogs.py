@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from app.ui.qt import QtWidgets
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class ChatSettingsDialog(QtWidgets.QDialog):
@@ -82,8 +81,10 @@ class ChatSettingsDialog(QtWidgets.QDialog):
 class PreferencesDialog(QtWidgets.QDialog):
     """Where the model runs: device, weight precision, prefill chunk size."""
 
-    def __init__(self, values: dict, parent=None, devices: tuple[str, ...] = ("auto", "cpu")):
-        """`devices`: the ones that exist here (asked of the engine); only these are offered."""
+    def __init__(self, values: dict, parent=None, devices: tuple[str, ...] = ("auto", "cpu"),
+                 dtypes: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")):
+        """`devices`: the ones that exist here, `dtypes` the engine's weight formats (both
+        asked of the engine); only these are offered."""
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         form = QtWidgets.QFormLayout()
@@ -95,7 +96,7 @@ class PreferencesDialog(QtWidgets.QDialog):
         self.device.setToolTip("auto: a GPU when there is one, else the CPU. Only the devices "
                                "found on this computer are listed.")
         self.dtype = QtWidgets.QComboBox()
-        self.dtype.addItems(DTYPES)
+        self.dtype.addItems(list(dtypes))
         self.dtype.setCurrentText(values.get("dtype", "auto"))
         self.dtype.setToolTip("auto: float16 + bfloat16 copies on the CPU (bfloat16 alone for "
                               "large models), bfloat16 on CUDA, float16 on Apple GPUs")

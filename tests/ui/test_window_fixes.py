@@ -122,7 +122,7 @@ def test_a_chat_model_titles_the_chat_after_the_first_reply(driver, monkeypatch)
 
 def test_only_existing_devices_are_offered_and_a_failing_one_keeps_the_model(driver, qtbot):
     controller = driver.controller
-    qtbot.waitUntil(lambda: "cpu" in controller.devices, timeout=10_000)
+    qtbot.waitUntil(lambda: len(controller.devices) > 1, timeout=10_000)  # the worker's answer
     assert "cuda" not in controller.devices  # the test machines have no CUDA
     dialog = PreferencesDialog(controller.engine_settings(), driver.window, devices=controller.devices)
     qtbot.addWidget(dialog)

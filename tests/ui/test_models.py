@@ -115,3 +115,23 @@ def test_a_model_folder_is_added_and_one_that_fails_to_load_leaves_the_choice_as
     driver.qtbot.waitUntil(lambda: controller.model_info is not None, timeout=120_000)
     assert controller.model_info.path == loaded_before
     assert driver.store.get_setting("model", None) == setting_before
+
+
+@pytest.mark.slow
+def test_the_picker_lists_the_built_in_models_and_starts_with_the_default(open_window):
+    from app.models import embedded
+    from app.ui.builtin_models import builtin_for_key
+
+    models = getattr(embedded, "BUILTIN_MODELS", ())
+    if not models:
+        pytest.skip("this models layer has no built-in model table")
+    driver = open_window(extra=["--model", "default"])
+    picker = driver.find("modelPicker")
+    labels = [picker.itemText(i) for i in range(picker.count())]
+    for model in models:
+        label = next(text for text in labels if text.startswith(model.display_name))
+        assert ("base model" in label) == (model.kind == "base")
+    default = next(m for m in models if m.is_default)
+    assert builtin_for_key(picker.currentData()) == default
+    driver.wait_for_model()
+    assert driver.controller.model_info.path.endswith(default.filename)

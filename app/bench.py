@@ -107,7 +107,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     tok = loaded.tokenizer
     greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
-                     "dtype": loaded.weights_label,
+                     "dtype": loaded.weights_label, "policy": loaded.policy_reason,
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                      "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
 
     # 1. decode, one stream
@@ -181,9 +182,58 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     return results
 
 
+def evict_from_page_cache(path) -> bool:
+    """Ask the OS to drop a file's cached pages (no privileges needed), so the next read is
+    cold; False where the platform cannot."""
+    import os
+
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
+    """Cold load (the file dropped from the page cache first), warm load (right after), and
+    what the first load on a machine adds: the kernel policy's measurement."""
+    from pathlib import Path
+
+    from app.engine.device import load_on
+    from app.engine.kernel_policy import gguf_shapes, measure
+
+    results = {}
+    cold = evict_from_page_cache(path) if Path(path).is_file() else False
+    started = time.perf_counter()
+    loaded = load_on(path, device, dtype)
+    results["load_cold_s" if cold else "load_first_s"] = round(time.perf_counter() - started, 2)
+    loaded.unload()
+    del loaded
+    started = time.perf_counter()
+    loaded = load_on(path, device, dtype)
+    results["load_warm_s"] = round(time.perf_counter() - started, 2)
+    results["weights"] = loaded.policy_label or loaded.weights_label
+    loaded.unload()
+    shapes = gguf_shapes(Path(path)) if loaded.device.type == "cpu" and Path(path).is_file() else None
+    if shapes is not None:
+        started = time.perf_counter()
+        measure(shapes)
+        results["policy_measurement_s"] = round(time.perf_counter() - started, 2)
+    return results
+
+
 def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
-    one process, so the figures are comparable."""
+    one process, so the figures are comparable. `auto` rows say what the measured policy
+    chose and why."""
     from app.engine.device import load_on
 
     rows = []
@@ -198,7 +248,8 @@ def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
         rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),
                      "decode_tokens_per_s": round(decode.finished.timings.decode_tokens_per_s, 1),
-                     "prefill_1024_s": round(prefill.finished.timings.prefill_s, 2)})
+                     "prefill_1024_s": round(prefill.finished.timings.prefill_s, 2),
+                     "policy": loaded.policy_label, "why": loaded.policy_reason})
         loaded.unload()
         del engine, loaded
     return rows

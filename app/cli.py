@@ -212,10 +212,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(row) if args.json else "  ".join(f"{k}={v}" for k, v in row.items()))
         return 0
+    from app.bench import measure_load_times
+
+    load_times = measure_load_times(path, args.device, args.dtype)
     loaded = load_on(path, args.device, args.dtype)
     if not args.json:
         print(f"Benchmarking {loaded.name} on {loaded.device} ...", file=sys.stderr)
     results = run_bench(loaded)
+    results |= {k: v for k, v in load_times.items() if k != "weights"}
     if args.json:
         print(json.dumps(results))
     else:

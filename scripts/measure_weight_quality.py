@@ -50,6 +50,22 @@ def mean_nll(loaded, ids: list[int], chunk: int = 256) -> float:
     return total / count
 
 
+@torch.inference_mode()
+def greedy(loaded, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens after `prompt`, one model step at a time (no engine, no stop tokens)."""
+    from app.engine.contiguous_kv import ContiguousKV
+
+    kv = ContiguousKV(loaded.kv_facts, len(prompt) + n, loaded.device, loaded.compute_dtype)
+    out, step = [], prompt
+    for _ in range(n):
+        hidden = loaded.model(torch.tensor([step]), kv.positions(len(step)), kv)
+        kv.commit(len(step))
+        token = int(loaded.model.logits(hidden[0, -1:]).argmax())
+        out.append(token)
+        step = [token]
+    return out
+
+
 def reference_prompts(model_name: str, shared: Path | None) -> list[list[int]]:
     prompts = []
     names = ["smollm2_reference.json"] if "smol" in model_name.lower() else ["gemma3_long_prompt.json"]
@@ -67,6 +83,48 @@ def reference_prompts(model_name: str, shared: Path | None) -> list[list[int]]:
     return prompts
 
 
+class _BPEShim:
+    """Dev-only stand-in while the app cannot read byte-level BPE vocabularies from GGUF
+    files: the `tokenizers` library built from the file's tokens and merges."""
+
+    def __init__(self, gguf):
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        meta = gguf.metadata
+        tokens, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        self._tok = Tokenizer(models.BPE(vocab, pairs))
+        self._tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        self._tok.decoder = decoders.ByteLevel()
+        self.vocab_size = len(tokens)
+        self.bos_id = meta.get("tokenizer.ggml.bos_token_id")
+        self.eos_id = meta.get("tokenizer.ggml.eos_token_id")
+        self.add_bos = False
+
+    def encode(self, text, special=False):
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids, skip_special=True):
+        return self._tok.decode(list(ids))
+
+    def token_id(self, piece):
+        return self._tok.token_to_id(piece)
+
+
+def _install_bpe_shim() -> None:
+    import app.models.loader as loader
+
+    real = loader.tokenizer_from_gguf
+
+    def tokenizer_or_shim(gguf):
+        if gguf.metadata.get("tokenizer.ggml.model") == "gpt2":
+            return _BPEShim(gguf)
+        return real(gguf)
+
+    loader.tokenizer_from_gguf = tokenizer_or_shim
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default")
@@ -78,12 +136,10 @@ def main() -> int:
 
     from app.cli import resolve_model_path
     from app.engine.device import load_on
-    from app.engine.generate import generate
-    from app.engine.sampling import SamplingParams
     from app.models.prompt import bos_prefix
 
     path = resolve_model_path(args.model, None)
-    greedy = SamplingParams(max_tokens=args.greedy_tokens, temperature=0, ignore_eos=True)
+    _install_bpe_shim()
     base_nll, base_tokens = None, None
     for fmt in args.formats.split(","):
         loaded = load_on(path, "cpu", fmt)
@@ -91,7 +147,7 @@ def main() -> int:
         ids = (bos_prefix(tok) + tok.encode(license_text()))[: args.tokens]
         prompts = reference_prompts(loaded.name, args.shared)
         nll = mean_nll(loaded, ids)
-        outs = [generate(loaded, p, greedy).completion_ids for p in prompts]
+        outs = [greedy(loaded, p, args.greedy_tokens) for p in prompts]
         if base_nll is None:
             base_nll, base_tokens = nll, outs
         agree = sum(a == b for a, b in zip(outs, base_tokens))

@@ -39,6 +39,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # `auto` on the CPU keeps two copies of the weights for model files up to this size (a Q4
 # file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16).
 DUAL_WEIGHTS_MAX_FILE_BYTES = 800 * 2**20
+# Prepared weights, saved once per model file and format (app.models.weight_cache), unless
+# the environment sets FERROX_WEIGHT_CACHE=0.
+WEIGHT_CACHE_DIR = "weight-cache"
 
 
 class DeviceError(ValueError):
@@ -122,14 +125,14 @@ class LoadPlan:
 
 def plan_load(path, device: torch.device, dtype: str) -> LoadPlan:
     """The weight format for a dtype name on `device` (measuring the CPU when `auto` needs it)."""
-    from app.engine.kernel_policy import gguf_shapes, policy_for
+    from app.engine.kernel_policy import policy_for, shapes_for
     from app.models.model_facts import model_size_bytes
     from app.paths import data_dir
 
     if dtype not in DTYPE_CHOICES:
         raise DeviceError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
     file_bytes = model_size_bytes(path)
-    shapes = gguf_shapes(Path(path)) if device.type == "cpu" else None
+    shapes = shapes_for(Path(path), data_dir()) if device.type == "cpu" else None
     if dtype == "int4" and (shapes is None or not int4_kernel_available()):
         raise DeviceError("int4 needs a GGUF model on the CPU with a torch that has the 4-bit "
                           "weight-only kernel; choose another dtype.")
@@ -158,8 +161,14 @@ def load_on(path, device: str = "auto", dtype: str = "auto", progress=None):
     if torch_device.type == "cpu":
         configure_cpu_threads()
     plan = plan_load(path, torch_device, dtype)
+    cache = None
+    if (torch_device.type == "cpu" and plan.dtype != torch.float32  # float32: the plain reference
+            and os.environ.get("FERROX_WEIGHT_CACHE", "1") != "0"):
+        from app.paths import data_dir
+
+        cache = data_dir() / WEIGHT_CACHE_DIR
     loaded = load_model(path, torch_device, plan.dtype,
                         compute_dtype_for(plan.dtype, torch_device), plan.wide_dtype,
-                        progress=progress, int4=plan.int4)
+                        progress=progress, int4=plan.int4, weight_cache_dir=cache)
     loaded.policy_label, loaded.policy_reason = plan.label, plan.reason
     return loaded

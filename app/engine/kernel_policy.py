@@ -129,14 +129,18 @@ def cache_key(shapes: ModelShapes) -> str:
 
 
 def read_cache(path: Path) -> dict:
-    """The cache's entries, or {} when it is missing or damaged (then it gets rewritten)."""
+    """The cache's policy entries, or {} when it is missing or damaged (then it gets rewritten)."""
+    return _read_section(path, "entries")
+
+
+def _read_section(path: Path, section: str) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+    if not isinstance(data, dict) or not isinstance(data.get(section), dict):
         return {}
-    return data["entries"]
+    return data[section]
 
 
 def _policy_from(entry) -> Policy | None:
@@ -150,11 +154,13 @@ def _policy_from(entry) -> Policy | None:
     return policy if ok else None
 
 
-def write_cache(path: Path, entries: dict) -> None:
-    """Atomically: a reader never sees half a file."""
+def write_cache(path: Path, entries: dict | None = None, files: dict | None = None) -> None:
+    """Atomically (a reader never sees half a file); a section not given is kept as it is."""
+    data = {"entries": read_cache(path) if entries is None else entries,
+            "files": _read_section(path, "files") if files is None else files}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"entries": entries}, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -254,13 +260,48 @@ def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
     policy = choose(decode_ms, prefill_ms, shapes)
     entries[key] = {k: v for k, v in asdict(policy).items() if k != "cached"}
     try:
-        write_cache(path, entries)
+        write_cache(path, entries=entries)
     except OSError:
         pass  # a read-only data folder only costs a re-measurement next time
     return policy
 
 
 # ---- a model file's shapes -----------------------------------------------------------------
+
+
+def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
+    """`gguf_shapes`, remembered per file (path, size, modification time) in the cache, so a
+    warm load parses the file's header once (in the loader), not twice."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    if path.is_dir():
+        return None
+    cache = cache_dir / CACHE_FILE
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    known = _read_section(cache, "files").get(key)
+    if isinstance(known, dict):
+        try:
+            return ModelShapes(known["name"], {tuple(map(int, k.split("x"))): int(v)
+                                               for k, v in known["layers"].items()},
+                               tuple(known["head"]), float(known["int4_fraction"]),
+                               float(known["int4_planes"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass
+    shapes = gguf_shapes(path)
+    if shapes is not None:
+        files = _read_section(cache, "files")
+        files[key] = {"name": shapes.name, "layers": {f"{n}x{k}": c for (n, k), c in shapes.layers.items()},
+                      "head": list(shapes.head), "int4_fraction": shapes.int4_fraction,
+                      "int4_planes": shapes.int4_planes}
+        try:
+            write_cache(cache, files=files)
+        except OSError:
+            pass
+    return shapes
+
 
 
 def gguf_shapes(path: Path) -> ModelShapes | None:

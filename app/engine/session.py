@@ -31,6 +31,9 @@ class ModelInfo:
     dtype: str
     context_length: int
     load_seconds: float
+    # The CPU weight policy's choice and its reason, for the status bar (kernel_policy).
+    policy_label: str = ""
+    policy_reason: str = ""
 
 
 class NoModelError(RuntimeError):
@@ -55,7 +58,8 @@ class ModelSession:
             return None
         context = self._runner.engine.context_length if self._runner else loaded.context_length
         return ModelInfo(str(loaded.path), loaded.name, loaded.architecture, str(loaded.device),
-                         loaded.weights_label, context, loaded.load_seconds)
+                         loaded.weights_label, context, loaded.load_seconds,
+                         loaded.policy_label, loaded.policy_reason)
 
     def load(self, path: str | Path, device: str = "auto", dtype: str = "auto",
              engine_config: EngineConfig | None = None) -> ModelInfo:

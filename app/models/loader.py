@@ -9,6 +9,7 @@ surfaces as `ModelError` with a message a person can act on.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from app.models.registry import gguf_architecture, hf_architecture
 from app.models.tensor_formats import unreadable_type_names
 from app.models.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
 from app.models.transformer import DecoderConfig, TransformerLM
+from app.models.weight_cache import WeightCache
 from app.models.weight_sources import GGUFTensors, SafetensorsTensors, fill_weights, read_json
 
 ProgressFn = Callable[[float], None]  # fraction of the weights loaded, 0..1
@@ -105,20 +107,22 @@ class LoadedModel:
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
                compute_dtype: torch.dtype | None = None,
                wide_dtype: torch.dtype | None = None,
-               progress: ProgressFn | None = None, int4: WeightFormat | None = None
-               ) -> LoadedModel:
+               progress: ProgressFn | None = None, int4: WeightFormat | None = None,
+               weight_cache_dir: Path | None = None) -> LoadedModel:
     """Load a GGUF file or a Hugging Face folder onto `device` with weights in `dtype` and
     activations in `compute_dtype` (default: the weights' dtype). With `wide_dtype`, every
     linear weight is also kept in that dtype for many-row products (`DualWeight`). With
     `int4` (a format whose `int4` is set), GGUF weights whose blocks fit the 4-bit kernel
-    stay quantized as that format says (`QuantizedWeight`)."""
+    stay quantized as that format says (`QuantizedWeight`). With `weight_cache_dir`, a GGUF
+    model's prepared weights are saved there once and memory-mapped on later loads
+    (`app.models.weight_cache`)."""
     start = time.perf_counter()
     path = Path(path)
     fmt = WeightFormat(dtype, weights_transposed(device, dtype), wide_dtype)
     if int4 is not None and int4.int4 and device.type == "cpu":
         fmt = WeightFormat(dtype, fmt.transposed, wide_dtype, True, int4.int4_act_dtype,
                            int4.int4_wide_dtype)
-    loader = _load_hf_folder if path.is_dir() else _load_gguf
+    loader = _load_hf_folder if path.is_dir() else functools.partial(_load_gguf, cache_dir=weight_cache_dir)
     try:
         with torch.inference_mode():
             parts = loader(path, device, fmt, compute_dtype or dtype, progress)
@@ -162,7 +166,7 @@ def _reporting(refs, progress: ProgressFn):
         progress((i + 1) / total)
 
 
-def _load_gguf(path: Path, device, fmt, compute_dtype, progress):
+def _load_gguf(path: Path, device, fmt, compute_dtype, progress, cache_dir: Path | None = None):
     with GGUFFile(path) as gguf:
         arch = gguf_architecture(gguf.architecture, path.name)
         bad = unreadable_type_names(info.ggml_type for info in gguf.tensors.values())
@@ -174,7 +178,16 @@ def _load_gguf(path: Path, device, fmt, compute_dtype, progress):
         source = GGUFTensors(gguf, device)
         cfg = family.config_from_gguf(gguf, source.shapes, source.read)
         template = template_for(gguf.metadata, arch.key)
-        model = _build(family, cfg, family.gguf_tensors(cfg), source, fmt, compute_dtype, progress)
+        cache = (WeightCache(cache_dir, path, fmt, compute_dtype)
+                 if cache_dir is not None and device.type == "cpu" else None)
+        model = TransformerLM(cfg, fmt, compute_dtype)
+        if cache is not None and cache.restore(model):
+            if progress is not None:
+                progress(1.0)
+        else:
+            model = _build(family, cfg, family.gguf_tensors(cfg), source, fmt, compute_dtype, progress)
+            if cache is not None:
+                cache.store(model)
         name = gguf.get("general.name") if isinstance(gguf.get("general.name"), str) else path.stem
     return name, arch.key, model, cfg, tokenizer, template
 

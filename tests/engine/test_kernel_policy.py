@@ -122,3 +122,16 @@ def test_auto_on_the_cpu_measures_once_and_says_why(embedded_model_path, _own_da
     assert (_own_data_dir / kp.CACHE_FILE).is_file()
     again = plan_load(embedded_model_path, torch.device("cpu"), "auto")
     assert again.reason.endswith("(cached)") and again.label == plan.label
+
+
+def test_a_files_shapes_are_remembered_until_it_changes(embedded_model_path, tmp_path):
+    first = kp.shapes_for(embedded_model_path, tmp_path)
+    assert first == kp.gguf_shapes(embedded_model_path)
+    files = json.loads((tmp_path / kp.CACHE_FILE).read_text())["files"]
+    assert len(files) == 1
+    (key, value), = files.items()
+    value["name"] = "read from the cache"
+    kp.write_cache(tmp_path / kp.CACHE_FILE, files={key: value})
+    assert kp.shapes_for(embedded_model_path, tmp_path).name == "read from the cache"
+    kp.write_cache(tmp_path / kp.CACHE_FILE, files={key: {"layers": "junk"}})
+    assert kp.shapes_for(embedded_model_path, tmp_path) == first  # damaged: read again

@@ -1,0 +1,136 @@
+"""A model's prepared weights saved once, memory-mapped on every later load.
+
+Turning GGUF blocks into what the model multiplies by (4-bit planes, float16/bfloat16
+copies) is most of a load's time; the result depends only on the file and the weight format.
+So after the first load the prepared slots are written to one file in the data folder, and
+later loads map that file (`torch.load(mmap=True)`): the pages are read as the model touches
+them, shared with the OS page cache. The file's name carries a hash of everything the
+result depends on (the model file's path, size and modification time, the format, the torch
+version, this module's layout version); only the newest entry per model file is kept, and an
+unreadable entry is deleted and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from app.models.layers import DualWeight, WeightFormat
+from app.models.quantized import Int4Plane, QuantizedWeight, RawTensor
+
+LAYOUT_VERSION = 1
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    value = None if name is None else getattr(torch, name, None)
+    if name is not None and not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return value
+
+
+class WeightCache:
+    """The cache entry for one model file in one weight format."""
+
+    def __init__(self, folder: Path, model_path: Path, fmt: WeightFormat, compute_dtype: torch.dtype):
+        stat = model_path.stat()
+        resolved = str(model_path.resolve())
+        identity = "|".join(map(str, (resolved, stat.st_size, stat.st_mtime_ns, fmt.label, fmt.transposed,
+                                      fmt.int4_wide_dtype, compute_dtype, torch.__version__,
+                                      LAYOUT_VERSION)))
+        self.folder = folder
+        self.prefix = hashlib.sha1(resolved.encode()).hexdigest()[:16]
+        self.path = folder / f"{self.prefix}-{hashlib.sha1(identity.encode()).hexdigest()[:16]}.pt"
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def store(self, model) -> None:
+        """Save every slot of a loaded model; older entries for the same file are deleted.
+        A failure to write (full disk, read-only folder) only costs the next load's time."""
+        tensors: dict[str, torch.Tensor] = {}
+        spec: dict[str, dict] = {}
+        for slot in model.slot_shapes():
+            spec[slot] = _describe(model._slot_value(slot), slot, tensors)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            torch.save({"spec": spec, "tensors": tensors}, tmp)
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return
+        for old in self.folder.glob(f"{self.prefix}-*.pt"):
+            if old != self.path:
+                old.unlink(missing_ok=True)
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def restore(self, model) -> bool:
+        """Fill an empty model's slots from the entry; False (and the entry deleted when it
+        was damaged) when there is none to use."""
+        if not self.path.is_file():
+            return False
+        try:
+            saved = torch.load(self.path, mmap=True, weights_only=True)
+            spec, tensors = saved["spec"], saved["tensors"]
+            if set(spec) != set(model.slot_shapes()):
+                raise ValueError("slots differ")
+            for slot, description in spec.items():
+                owner, name = _owner(model, slot)
+                setattr(owner, name, _rebuild(description, tensors))
+            model.finish_loading()
+        except Exception:  # any damage: a torn file, a foreign layout; rebuild from the model file
+            self.path.unlink(missing_ok=True)
+            return False
+        return True
+
+
+def _owner(model, slot: str):
+    if slot.startswith("layers."):
+        _, index, name = slot.split(".", 2)
+        return model.layers[int(index)], name
+    return model, slot
+
+
+def _describe(value, slot: str, tensors: dict) -> dict:
+    def put(suffix: str, tensor: torch.Tensor | None) -> str | None:
+        if tensor is None:
+            return None
+        tensors[f"{slot}.{suffix}"] = tensor
+        return f"{slot}.{suffix}"
+
+    if isinstance(value, QuantizedWeight):
+        rows = value.rows
+        return {"kind": "int4", "out": value.out_features, "in": value.in_features,
+                "act": _dtype_name(value.act_dtype), "narrow_rows_max": value.narrow_rows_max,
+                "planes": [[put(f"p{i}", p.packed), put(f"sz{i}", p.scale_zeros)]
+                           for i, p in enumerate(value.planes)],
+                "wide": put("wide", value.wide),
+                "rows": None if rows is None else {"t": put("rows", rows.data), "type": int(rows.ggml_type),
+                                                   "shape": list(rows.shape)}}
+    if isinstance(value, DualWeight):
+        return {"kind": "dual", "narrow": put("narrow", value.narrow), "wide": put("wide", value.wide)}
+    return {"kind": "tensor", "t": put("t", value)}
+
+
+def _rebuild(d: dict, tensors: dict):
+    if d["kind"] == "tensor":
+        return tensors[d["t"]]
+    if d["kind"] == "dual":
+        return DualWeight(tensors[d["narrow"]], tensors[d["wide"]])
+    if d["kind"] != "int4":
+        raise ValueError(f"unknown slot kind {d['kind']!r}")
+    rows = d["rows"]
+    return QuantizedWeight(
+        tuple(Int4Plane(tensors[p], tensors[sz]) for p, sz in d["planes"]), int(d["out"]), int(d["in"]),
+        _dtype(d["act"]), wide=None if d["wide"] is None else tensors[d["wide"]],
+        narrow_rows_max=int(d["narrow_rows_max"]),
+        rows=None if rows is None else RawTensor(tensors[rows["t"]], GGMLQuantizationType(rows["type"]),
+                                                 tuple(rows["shape"])))

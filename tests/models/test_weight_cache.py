@@ -1,0 +1,61 @@
+"""Prepared weights saved once and memory-mapped on later loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.models.layers import WeightFormat
+from app.models.loader import load_model
+from app.models.quantized import QuantizedWeight
+
+INT4 = WeightFormat(torch.float16, False, torch.bfloat16, True, torch.bfloat16, torch.bfloat16)
+IDS = torch.tensor([[2, 818, 5279, 529, 7001, 563]])
+
+
+def _load(path, cache_dir):
+    return load_model(path, torch.device("cpu"), torch.float16, torch.float32, torch.bfloat16,
+                      int4=INT4, weight_cache_dir=cache_dir)
+
+
+@torch.inference_mode()
+def _logits(loaded) -> torch.Tensor:
+    from app.engine.contiguous_kv import ContiguousKV
+
+    kv = ContiguousKV(loaded.kv_facts, IDS.shape[1], loaded.device, loaded.compute_dtype)
+    return loaded.model.logits(loaded.model(IDS, kv.positions(IDS.shape[1]), kv)[0])
+
+
+@pytest.mark.slow
+def test_a_cached_model_equals_a_fresh_one_and_damage_rebuilds(embedded_model_path, tmp_path):
+    cache = tmp_path / "weights"
+    fresh = _load(embedded_model_path, cache)
+    entries = list(cache.glob("*.pt"))
+    assert len(entries) == 1
+    expected = _logits(fresh)
+    del fresh
+
+    seen = []
+    cached = load_model(embedded_model_path, torch.device("cpu"), torch.float16, torch.float32,
+                        torch.bfloat16, progress=seen.append, int4=INT4, weight_cache_dir=cache)
+    assert seen == [1.0]  # restored in one step
+    assert isinstance(cached.model.layers[0].o, QuantizedWeight)
+    assert cached.model.embedding.rows is not None  # the tied embedding's rows came back too
+    assert torch.equal(_logits(cached), expected)
+    del cached
+
+    entries[0].write_bytes(b"PK\x03\x04 torn")
+    rebuilt = _load(embedded_model_path, cache)
+    assert torch.equal(_logits(rebuilt), expected)
+    assert len(list(cache.glob("*.pt"))) == 1 and entries[0].stat().st_size > 1000  # rewritten
+
+
+@pytest.mark.slow
+def test_another_format_replaces_the_entry(embedded_model_path, tmp_path):
+    cache = tmp_path / "weights"
+    _load(embedded_model_path, cache)
+    first = set(cache.glob("*.pt"))
+    load_model(embedded_model_path, torch.device("cpu"), torch.bfloat16, torch.float32,
+               weight_cache_dir=cache)
+    second = set(cache.glob("*.pt"))
+    assert len(second) == 1 and second != first  # one entry per model file: the newest

@@ -3,6 +3,8 @@ are not speed claims; `python -m app bench` on the real model makes those)."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.bench import run_bench
 from app.models.gguf_file import GGUFFile
 from app.models.tokenizer import Tokenizer
@@ -22,3 +24,16 @@ def test_bench_reports_every_figure(embedded_model_path):
         assert results[key] is not None and results[key] >= 0, key
     # The follow-up adopted almost all of the ~1,900-token conversation.
     assert results["follow_up_cached_tokens"] > 0.9 * results["follow_up_prompt_tokens"]
+
+
+@pytest.mark.slow
+def test_load_times_cold_and_warm(embedded_model_path, monkeypatch):
+    """Figures, not claims: both loads happen and the policy's measurement is timed."""
+    from app.bench import evict_from_page_cache, measure_load_times
+
+    if not evict_from_page_cache(embedded_model_path):
+        pytest.skip("this platform cannot drop a file from the page cache")
+    monkeypatch.setenv("FERROX_WEIGHT_CACHE", "1")  # the warm load maps the saved weights
+    results = measure_load_times(embedded_model_path, "cpu", "auto")
+    assert results["load_cold_s"] > 0 and results["load_warm_s"] > 0
+    assert results["policy_measurement_s"] > 0 and results["weights"]

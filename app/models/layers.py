@@ -170,8 +170,9 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
     """
     if isinstance(w, QuantizedWeight):
         return int4_linear(x, w)
-    if isinstance(w, DualWeight):
+    if isinstance(w, DualWeight):  # both copies are [out, in], whatever the format's layout
         w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
+        transposed = False
     if x.dtype != w.dtype:
         rows = x.numel() // x.shape[-1]
         if w.dtype == torch.float16 and w.device.type == "cpu" and rows > _HALF_ROWS_MAX:
@@ -231,6 +232,8 @@ class WeightFormat:
         else the table's dtype). `tied`: `w` is the output projection in the linear layout."""
         if isinstance(w, QuantizedWeight):
             return w.gather_rows(ids)
+        if isinstance(w, DualWeight):
+            return w.narrow[ids]
         table = self.rows_table(w)
         if tied and self.transposed:
             return table.index_select(1, ids).t()

@@ -172,3 +172,14 @@ def test_gemma_in_4_bits_keeps_greedy_tokens_on_the_reference_prompts(embedded_m
     for case in reference["cases"]:
         got = generate(loaded, case["prompt_ids"], GREEDY).completion_ids
         assert got[:10] == case["transformers"]["generated_ids"][:10]
+
+
+def test_a_float32_copy_beside_a_wide_one_multiplies_in_its_own_layout():
+    """float32 alone is stored transposed [in, out]; as one of two copies it is [out, in]."""
+    w = torch.randn(N, K)
+    fmt = WeightFormat(torch.float32, True, torch.bfloat16, True, torch.bfloat16)
+    dual = fmt.prepare(w)
+    x = torch.randn(1, K)
+    assert torch.allclose(linear(x, dual, fmt.transposed), x @ w.t(), atol=1e-5)
+    ids = torch.tensor([3, 1])
+    assert torch.equal(fmt.gather_rows(dual, ids, tied=True), w[ids])

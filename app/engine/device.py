@@ -162,7 +162,8 @@ def load_on(path, device: str = "auto", dtype: str = "auto", progress=None):
         configure_cpu_threads()
     plan = plan_load(path, torch_device, dtype)
     cache = None
-    if (torch_device.type == "cpu" and plan.dtype != torch.float32  # float32: the plain reference
+    plain_reference = plan.dtype == torch.float32 and plan.wide_dtype is None and plan.int4 is None
+    if (torch_device.type == "cpu" and not plain_reference
             and os.environ.get("FERROX_WEIGHT_CACHE", "1") != "0"):
         from app.paths import data_dir
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (INT4_TYPES, QuantizedWeight, RawTensor, int4_form, int4_kernel_available,
-                                  int4_linear, pack_int4)
+from app.models.quantized import (INT4_TYPES, QuantizedWeight, RawTensor, int4_kernel_available,
+                                  int4_linear, pack_raw)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -209,13 +209,13 @@ class WeightFormat:
         `many_rows=False` (the output projection, which a step runs for its last row only)
         skips the wide copy."""
         if isinstance(w, RawTensor):
-            form = int4_form(w) if self.int4 else None
-            if form is not None:
+            planes = pack_raw(w, self.int4_act_dtype) if self.int4 else None
+            if planes is not None:
                 wide = None
                 if self.int4_wide_dtype is not None and many_rows:
                     wide = w.dequantize().to(self.int4_wide_dtype)
                 rows = RawTensor(w.data.clone(), w.ggml_type, w.shape) if keep_rows else None
-                return QuantizedWeight(pack_int4(form, self.int4_act_dtype), w.shape[0], w.shape[1],
+                return QuantizedWeight(planes, w.shape[0], w.shape[1],
                                        self.int4_act_dtype, wide=wide,
                                        narrow_rows_max=_DUAL_NARROW_ROWS_MAX, rows=rows)
             w = w.dequantize()

@@ -209,6 +209,26 @@ def pack_int4(form: Int4Form, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
     return tuple(planes)
 
 
+# Rows packed at a time: bounds the int32 codes and other temporaries of a large weight (a
+# 262,144-row output projection would otherwise need ~1 GB of them at once). A multiple of
+# the kernel's 64-row tiles, so packing chunks and concatenating equals packing the whole.
+PACK_ROWS = 8192
+
+
+def pack_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...] | None:
+    """`pack_int4(int4_form(raw))`, PACK_ROWS rows at a time; None for types that do not fit."""
+    if raw.ggml_type not in INT4_TYPES:
+        return None
+    rows = raw.shape[0]
+    if rows <= PACK_ROWS:
+        return pack_int4(int4_form(raw), act_dtype)
+    chunks = [pack_int4(int4_form(raw.rows(start, min(rows, start + PACK_ROWS))), act_dtype)
+              for start in range(0, rows, PACK_ROWS)]
+    return tuple(Int4Plane(torch.cat([c[i].packed for c in chunks]),
+                           torch.cat([c[i].scale_zeros for c in chunks], dim=1))
+                 for i in range(len(chunks[0])))
+
+
 def quantize_synthetic(w: torch.Tensor) -> Int4Form:
     """A 4-bit form for a float weight (Q4_1-like, min/max per group of 32): only for timing
     candidate kernels on a model's shapes, never for a model's weights."""

@@ -183,3 +183,16 @@ def test_a_float32_copy_beside_a_wide_one_multiplies_in_its_own_layout():
     assert torch.allclose(linear(x, dual, fmt.transposed), x @ w.t(), atol=1e-5)
     ids = torch.tensor([3, 1])
     assert torch.equal(fmt.gather_rows(dual, ids, tied=True), w[ids])
+
+
+def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
+    import app.models.quantized as quantized
+
+    tall = torch.cat([random_blocks(T.Q8_0, seed=s).data for s in range(8, 12)])[:160]
+    raw = RawTensor(tall, T.Q8_0, (160, K))
+    whole = quantized.pack_raw(raw, torch.bfloat16)
+    monkeypatch.setattr(quantized, "PACK_ROWS", 64)  # the kernel's row tile: 64 + 64 + 32 rows
+    chunked = quantized.pack_raw(raw, torch.bfloat16)
+    assert len(chunked) == len(whole) == 2
+    for a, b in zip(chunked, whole):
+        assert torch.equal(a.packed, b.packed) and torch.equal(a.scale_zeros, b.scale_zeros)

@@ -162,6 +162,7 @@ class EngineBridge(QObject):
     def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,
                  context_size: int) -> None:
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
+        before = self.session.info
         try:
             # A device that does not exist is refused before the loaded model is let go.
             resolve_device(device)
@@ -169,7 +170,7 @@ class EngineBridge(QObject):
             info = self.session.load(path, device, dtype, config)
         except (ModelError, ValueError, OSError, RuntimeError) as exc:
             kept = self.session.info
-            if kept is not None:
+            if kept is not None and kept == before:  # failed before the old model was let go
                 self.modelKept.emit(kept, str(exc))
             else:
                 self.modelFailed.emit(str(exc))

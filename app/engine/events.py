@@ -48,9 +48,10 @@ class PrefillProgress(Event):
 @dataclass(frozen=True)
 class Token(Event):
     """One generated token and the text it made visible (possibly empty: held back while a
-    multi-byte character or a stop string may still be forming)."""
+    multi-byte character or a stop string may still be forming). `token_id` is None when the
+    backend does not say (a remote server streams text, not ids)."""
 
-    token_id: int
+    token_id: int | None
     text: str
     logprob: float = float("nan")
     top_logprobs: tuple[tuple[int, float], ...] = ()
@@ -68,3 +69,4 @@ class Finished(Event):
 @dataclass(frozen=True)
 class Failed(Event):
     message: str
+    retry_after: float | None = None  # seconds the server asked to wait (429/503 Retry-After)

@@ -174,6 +174,13 @@ class RemoteBackend:
         self._model = BackendModel("remote", found.name, found.context_length, self._location())
         return self._model
 
+    def use_model(self, name: str, context_length: int | None = None) -> BackendModel:
+        """Choose `name` without asking the server (it may be down now; a chat remembers its
+        model): a wrong name shows on the first reply as a 404."""
+        context = self.settings.context_sizes.get(name) or context_length
+        self._model = BackendModel("remote", name, context, self._location())
+        return self._model
+
     def _location(self) -> str:
         place = where(self.settings.base_url)
         return f"{self.settings.name} ({place})" if self.settings.name else place

@@ -76,6 +76,23 @@ def _v1_create_tables(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _v2_create_connections(conn: sqlite3.Connection) -> None:
+    # Remote servers (app/storage/connections.py). No API key column: keys live in the OS
+    # keychain under key_ref, or in the environment variable api_key_env names.
+    conn.execute("""CREATE TABLE connections (
+        id                INTEGER PRIMARY KEY,
+        name              TEXT    NOT NULL UNIQUE,
+        base_url          TEXT    NOT NULL,
+        session_header    TEXT    NOT NULL DEFAULT 'X-Session-ID',
+        api_key_env       TEXT,
+        extended_sampling INTEGER NOT NULL DEFAULT 1,
+        context_sizes     TEXT    NOT NULL DEFAULT '{}',
+        key_ref           TEXT    NOT NULL UNIQUE,
+        created_at        REAL    NOT NULL
+    )""")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_create_tables,
+    _v2_create_connections,
 )

@@ -57,11 +57,11 @@ def test_a_v1_database_upgrades_when_a_migration_is_appended(tmp_path):
     with ChatStore(path) as store:
         chat = store.create_chat("Kept across the upgrade")
         store.add_message(chat.id, "user", "hello")
-    assert _raw_version(path) == 1
+    assert _raw_version(path) == len(MIGRATIONS)
 
     conn = open_database(path, (*MIGRATIONS, _add_tags_column))
     try:
-        assert schema_version(conn) == 2
+        assert schema_version(conn) == len(MIGRATIONS) + 1
         row = conn.execute("SELECT title, tags FROM chats").fetchone()
         assert row == ("Kept across the upgrade", "[]")
     finally:
@@ -76,10 +76,10 @@ def test_a_failing_migration_leaves_the_database_as_it_was(tmp_path):
         conn.execute("CREATE TABLE half_done (x)")
         raise ValueError("boom")
 
-    with pytest.raises(StorageError, match="left at version 1"):
+    with pytest.raises(StorageError, match=f"left at version {len(MIGRATIONS)}"):
         open_database(path, (*MIGRATIONS, broken))
-    assert _raw_version(path) == 1
-    with ChatStore(path) as store:  # still opens at version 1, without the half-made table
+    assert _raw_version(path) == len(MIGRATIONS)
+    with ChatStore(path) as store:  # still opens at its version, without the half-made table
         tables = {r[0] for r in store._conn.execute("SELECT name FROM sqlite_master")}
         assert "half_done" not in tables
 

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-logprobs", type=int, default=0)
     gen.add_argument("--prefill-chunk", type=_positive, default=512)
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    gen.add_argument("--base-url", metavar="URL",
+                     help="run on an OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama) "
+                          "instead of here, e.g. http://gpu-box:8000/v1; needs --chat")
+    gen.add_argument("--remote-model", metavar="NAME", help="the server's model (with --base-url)")
+    gen.add_argument("--api-key-env", metavar="VAR",
+                     help="the environment variable holding the server's API key")
 
     tok = sub.add_parser("tokenize", help="text on stdin -> JSON token ids (no BOS)")
     add_model_options(tok, device=False)
@@ -158,6 +164,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.prompt_ids is not None and args.chat:
         raise CliError("--chat applies to --prompt text, not to --prompt-ids")
+    if args.base_url:
+        return _generate_remote(args, params)
+    if args.remote_model or args.api_key_env:
+        raise CliError("--remote-model and --api-key-env go with --base-url")
     path = resolve_model_path(args.model, args.data_dir)
     loaded = load_on(path, args.device, args.dtype)
     tok = loaded.tokenizer
@@ -197,6 +207,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "prefill_s": round(result.prefill_seconds, 4),
                     "decode_tokens_per_s": round(result.decode_tokens_per_s, 2)},
     }))
+    return 0
+
+
+def _generate_remote(args: argparse.Namespace, params) -> int:
+    """`generate --base-url`: the app's own RemoteBackend, the same JSON as a local run."""
+    from app.backends import BackendError
+    from app.backends.headless import generate_remote
+
+    try:
+        result = generate_remote(args, params)
+    except BackendError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +49,9 @@ class LocalBackend:
         try:
             prompt = self.session.chat_prompt(messages)
         except (NoModelError, ValueError) as exc:  # no model; a template refusing the roles
-            on_event(Failed(request_id, f"The conversation cannot be sent to this model: {exc}"))
+            failed = Failed(request_id, f"The conversation cannot be sent to this model: {exc}")
+            # Off the caller's thread, like every other event (the seam's promise).
+            threading.Thread(target=on_event, args=(failed,), daemon=True).start()
             return request_id
         return self.session.submit(prompt, params, on_event, request_id, cache_owner=session_id)
 

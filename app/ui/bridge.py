@@ -12,12 +12,16 @@ enqueues, so it is safe and instant from any thread, even while the worker is bu
 from __future__ import annotations
 
 import atexit
+import json
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
-from app.documents import DocumentError, extract_document, format_for_prompt
+from app.documents import DocumentError, count_tokens, extract_text, format_for_prompt
 from app.engine.device import DTYPE_CHOICES, available_devices, resolve_device
 from app.engine.engine import EngineConfig
+from app.engine.kv_disk import KVDiskStore, StoreIdentity, default_budget_bytes
 from app.engine.sampling import SamplingParams
 from app.engine.session import ModelSession, NoModelError
 from app.models.chat_template import Message
@@ -33,16 +37,17 @@ MIN_REPLY_TOKENS = 16
 
 class EngineBridge(QObject):
     # -> worker (queued)
-    _load = Signal(str, str, str, int, int)
-    _submit = Signal(str, object, object)
+    _load = Signal(str, str, str, int, int, object)
+    _submit = Signal(str, object, object, object)
     _count = Signal(str, str)
     _read_document = Signal(str, str)
     _inspect = Signal(str)
     _prepare_embedded = Signal(str)
     _prepare_builtin = Signal(str, str)
-    _continue = Signal(str, object, str, object)
+    _continue = Signal(str, object, str, object, object)
     _count_chat = Signal(int, object)
     _probe_devices = Signal()
+    _forget_owner = Signal(str)
 
     # -> GUI
     modelLoading = Signal(str)  # what is happening, e.g. "Loading Gemma 3 270m…"
@@ -78,6 +83,9 @@ class EngineBridge(QObject):
         self._continue.connect(self._do_continue)
         self._count_chat.connect(self._do_count_chat)
         self._probe_devices.connect(self._do_probe_devices)
+        self._forget_owner.connect(self._do_forget_owner)
+        # Reading a document can be cancelled from the GUI thread (its chip removed).
+        self._document_cancels: dict[str, threading.Event] = {}
         self._thread.start()
         # A script that never runs the event loop to its end still stops the thread cleanly.
         atexit.register(self.shutdown)
@@ -96,22 +104,32 @@ class EngineBridge(QObject):
         self._probe_devices.emit()
 
     def continue_reply(self, request_id: str, messages: Sequence[Message], partial: str,
-                       params: SamplingParams) -> None:
+                       params: SamplingParams, cache_owner: str | None = None) -> None:
         """Carry on `partial`, the assistant reply after `messages` (cut by the token
         limit): no new user turn, the same reply continues from its cached KV."""
-        self._continue.emit(request_id, tuple(messages), partial, params)
+        self._continue.emit(request_id, tuple(messages), partial, params, cache_owner)
 
     def count_chat(self, chat_id: int, messages: Sequence[Message]) -> None:
         """Tokens the conversation takes as a prompt (answered by chatCounted)."""
         self._count_chat.emit(chat_id, tuple(messages))
 
     def load(self, path: str, device: str = "auto", dtype: str = "auto",
-             prefill_chunk: int = 512, context_size: int = 0) -> None:
-        """context_size 0 = the model's full context."""
-        self._load.emit(path, device, dtype, prefill_chunk, context_size)
+             prefill_chunk: int = 512, context_size: int = 0,
+             disk_cache: tuple[str, int | None] | None = None) -> None:
+        """context_size 0 = the model's full context. `disk_cache`: (folder, budget bytes or
+        None for the default) to keep conversations' KV pages on disk across restarts;
+        None keeps them in memory only."""
+        self._load.emit(path, device, dtype, prefill_chunk, context_size, disk_cache)
 
-    def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams) -> None:
-        self._submit.emit(request_id, tuple(messages), params)
+    def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams,
+               cache_owner: str | None = None) -> None:
+        """`cache_owner` (a chat id) is recorded with the pages saved to disk, so
+        `forget_cache_owner` can delete them when the chat is deleted for good."""
+        self._submit.emit(request_id, tuple(messages), params, cache_owner)
+
+    def forget_cache_owner(self, owner: str) -> None:
+        """Delete the disk-cached pages only `owner` used, for every model (in the worker)."""
+        self._forget_owner.emit(owner)
 
     def abort(self, request_id: str) -> None:
         self.session.abort(request_id)
@@ -120,10 +138,22 @@ class EngineBridge(QObject):
         self._count.emit(key, text)
 
     def read_document(self, key: str, path: str) -> None:
+        self._document_cancels[key] = threading.Event()
         self._read_document.emit(key, path)
+
+    def cancel_document(self, key: str) -> None:
+        """Stop reading or counting document `key` (instant; it reports nothing more)."""
+        event = self._document_cancels.get(key)
+        if event is not None:
+            event.set()
 
     def inspect_model(self, path: str) -> None:
         self._inspect.emit(path)
+
+    @staticmethod
+    def disk_cache_default_bytes(folder: str | Path) -> int:
+        """The disk cache's default budget for a data folder (sized to its disk)."""
+        return default_budget_bytes(Path(folder))
 
     def shutdown(self) -> None:
         """Stop generation, free the model and end the worker thread (blocks briefly).
@@ -158,11 +188,14 @@ class EngineBridge(QObject):
     def _do_probe_devices(self) -> None:
         self.devicesFound.emit(available_devices(), DTYPE_CHOICES)
 
-    @Slot(str, str, str, int, int)
+    @Slot(str, str, str, int, int, object)
     def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,
-                 context_size: int) -> None:
+                 context_size: int, disk_cache) -> None:
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
         before = self.session.info
+        # Read by session.load: the store opens (or stays off) with the model.
+        self.session.kv_dir = Path(disk_cache[0]) if disk_cache else None
+        self.session.kv_budget_bytes = disk_cache[1] if disk_cache else None
         try:
             # A device that does not exist is refused before the loaded model is let go.
             resolve_device(device)
@@ -177,26 +210,28 @@ class EngineBridge(QObject):
             return
         self.modelLoaded.emit(info)
 
-    @Slot(str, object, object)
-    def _do_submit(self, request_id: str, messages: tuple, params: SamplingParams) -> None:
+    @Slot(str, object, object, object)
+    def _do_submit(self, request_id: str, messages: tuple, params: SamplingParams,
+                   cache_owner) -> None:
         try:
             prompt = self.session.chat_prompt(messages)
         except (NoModelError, ValueError) as exc:
             self.submitFailed.emit(request_id, str(exc))
             return
-        self._submit_prompt(request_id, prompt, params)
+        self._submit_prompt(request_id, prompt, params, cache_owner)
 
-    @Slot(str, object, str, object)
+    @Slot(str, object, str, object, object)
     def _do_continue(self, request_id: str, messages: tuple, partial: str,
-                     params: SamplingParams) -> None:
+                     params: SamplingParams, cache_owner) -> None:
         try:
             prompt = self.session.continuation_prompt(messages, partial)
         except (NoModelError, ValueError) as exc:
             self.submitFailed.emit(request_id, str(exc))
             return
-        self._submit_prompt(request_id, prompt, params)
+        self._submit_prompt(request_id, prompt, params, cache_owner)
 
-    def _submit_prompt(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def _submit_prompt(self, request_id: str, prompt: list[int], params: SamplingParams,
+                       cache_owner: str | None = None) -> None:
         context = self.session.info.context_length
         room = context - len(prompt)
         if room < MIN_REPLY_TOKENS:
@@ -204,7 +239,23 @@ class EngineBridge(QObject):
             return
         if params.max_tokens > room:  # the reply may use what the context has left
             params = replace(params, max_tokens=room)
-        self.session.submit(prompt, params, self.event.emit, request_id)
+        self.session.submit(prompt, params, self.event.emit, request_id, cache_owner)
+
+    @Slot(str)
+    def _do_forget_owner(self, owner: str) -> None:
+        """The loaded model's store through the engine, then every other model's folder
+        under the cache folder (a chat may have been answered by several models)."""
+        self.session.forget_cache_owner(owner)
+        root = self.session.kv_dir
+        if root is None or not root.is_dir():
+            return
+        for folder in root.iterdir():
+            try:
+                identity = StoreIdentity(**json.loads((folder / "identity.json").read_text()))
+            except (OSError, ValueError, TypeError):
+                continue  # not a store folder (fingerprints.json, a stray file)
+            if identity.folder_name == folder.name:
+                KVDiskStore(root, identity, self.session.kv_budget_bytes or 0).forget_owner(owner)
 
     @Slot(str, str)
     def _do_count(self, key: str, text: str) -> None:
@@ -222,16 +273,29 @@ class EngineBridge(QObject):
 
     @Slot(str, str)
     def _do_read_document(self, key: str, path: str) -> None:
+        cancel = self._document_cancels.get(key) or threading.Event()
         try:
-            document = extract_document(path)
+            document = extract_text(path, cancel=cancel)
+            tokens = self._count_document(document, cancel)
         except DocumentError as exc:
-            self.documentFailed.emit(key, str(exc))
+            if not cancel.is_set():  # a cancelled read was removed by the person: no alert
+                self.documentFailed.emit(key, str(exc))
             return
-        try:
-            tokens = self.session.count_tokens(format_for_prompt(document))
-        except NoModelError:
-            tokens = -1
+        finally:
+            self._document_cancels.pop(key, None)
         self.documentRead.emit(key, document, tokens)
+
+    def _count_document(self, document, cancel: threading.Event) -> int:
+        """Tokens of the document as the prompt holds it (-1 without a model), counted in
+        bounded chunks (app.documents.count_tokens) so a huge file neither stalls nor
+        ignores a cancel."""
+        try:
+            self.session.count_tokens("")
+        except NoModelError:
+            return -1
+        # count_tokens wants an encode callable; only the length of its result is used.
+        return count_tokens(lambda text: range(self.session.count_tokens(text)),
+                            format_for_prompt(document), cancel=cancel, name=document.name).tokens
 
     @Slot(str)
     def _do_inspect(self, path: str) -> None:

@@ -317,6 +317,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             info = f"{meta['tokens_per_s']:.1f} tok/s · {meta.get('completion_tokens', 0)} tokens"
             if meta.get("cached_tokens"):
                 info += f" · {meta['cached_tokens']:,} prompt tokens reused"
+            if meta.get("restored_tokens"):
+                info += f" (restored {meta['restored_tokens']:,} tokens from disk)"
         cut = (message.role == "assistant" and not live and status == COMPLETE
                and meta.get("finish_reason") == "length")
         item = MessageItem(
@@ -422,9 +424,10 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         reply.started_at = time.monotonic()
         if reply.prefix:
             self.bridge.continue_reply(reply.request_id, messages, reply.prefix,
-                                       self._sampling_params(chat))
+                                       self._sampling_params(chat), cache_owner=str(chat.id))
         else:
-            self.bridge.submit(reply.request_id, messages, self._sampling_params(chat))
+            self.bridge.submit(reply.request_id, messages, self._sampling_params(chat),
+                               cache_owner=str(chat.id))
 
     def _submit_held(self) -> None:
         """The model is ready: send what waited for it."""
@@ -553,8 +556,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             reply.state, reply.total = QUEUED, event.prompt_tokens
             self._refresh_chat_item(reply.chat_id)
         elif isinstance(event, PrefillProgress):
-            reply.state, reply.done, reply.total, reply.cached = (
-                PREFILLING, event.done, event.total, event.cached)
+            reply.state, reply.done, reply.total, reply.cached, reply.restored = (
+                PREFILLING, event.done, event.total, event.cached, event.restored)
             if self.model_info:
                 self._last_usage[reply.chat_id] = (event.total, event.cached,
                                                    self.model_info.context_length)
@@ -601,6 +604,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         metadata = {"model": self.model_info.name if self.model_info else "",
                     "finish_reason": event.finish_reason,
                     "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
+                    "restored_tokens": usage.restored_tokens,
                     "completion_tokens": usage.completion_tokens + earlier.get("completion_tokens", 0),
                     "tokens_per_s": round(timings.decode_tokens_per_s, 1),
                     "time_to_first_token_s": round(timings.time_to_first_token_s, 3)}
@@ -612,6 +616,10 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                                                usage.cached_tokens, self.model_info.context_length)
         if reply.chat_id == self.current_chat_id:
             self.window.speed_label.setText(f"{timings.decode_tokens_per_s:.1f} tok/s")
+            if usage.restored_tokens:  # why this follow-up started quickly after a restart
+                self.window.statusBar().showMessage(
+                    f"Restored {usage.restored_tokens:,} tokens of this conversation from "
+                    "the disk cache instead of reading them again.", 10000)
         self._after_reply(reply)
         if status == COMPLETE:
             self._maybe_ask_for_title(reply.chat_id)

@@ -9,3 +9,7 @@ EMBEDDED_KEY = "embedded"  # the model picker's key for the built-in model
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed")
 DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SAMPLING_KEYS}
 ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512, "context_size": 0}
+# The conversations' KV cache on disk (issue 13): its folder in the data folder, and the
+# engine setting holding its budget in MB (0 = off; absent = sized to the disk).
+DISK_CACHE_FOLDER = "kv-cache"
+DISK_CACHE_KEY = "disk_cache_mb"

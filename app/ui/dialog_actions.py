@@ -31,7 +31,8 @@ class DialogActions:
         from app.ui.settings_dialogs import PreferencesDialog
 
         dialog = PreferencesDialog(self.engine_settings(), self.window, devices=self.devices,
-                                   dtypes=self.dtypes)
+                                   dtypes=self.dtypes,
+                                   disk_cache_default_mb=self.disk_cache_default_mb())
         if dialog.exec():
             self.apply_preferences(dialog.values())
 

@@ -85,6 +85,7 @@ class DocumentActions:
         self._alert("This file cannot be attached", message)
 
     def _remove_attachment(self, key: str) -> None:
+        self.bridge.cancel_document(key)  # still being read: stop reading it
         for chat_id, chips in self.pending.items():
             self.pending[chat_id] = [c for c in chips if c.key != key]
         self._show_attachments()

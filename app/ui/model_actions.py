@@ -16,7 +16,7 @@ from app.paths import models_dir
 from app.storage import StorageError
 from app.ui.builtin_models import (LEGACY_KEYS, builtin_for_key, builtin_models, default_key,
                                    picker_key, picker_label)
-from app.ui.defaults import EMBEDDED_KEY, ENGINE_DEFAULTS
+from app.ui.defaults import DISK_CACHE_FOLDER, DISK_CACHE_KEY, EMBEDDED_KEY, ENGINE_DEFAULTS
 from app.ui.qt import Qt, QTimer, QtWidgets
 
 LOAD_TICK_MS = 1000  # the status bar counts the seconds of a load
@@ -96,7 +96,8 @@ class ModelActions:
         builtins = builtin_models()
         for model in builtins:
             picker.addItem(picker_label(model), picker_key(model))
-            picker.setItemData(picker.count() - 1, model.description, Qt.ToolTipRole)
+            picker.setItemData(picker.count() - 1, getattr(model, "description", "") or
+                               model.display_name, Qt.ToolTipRole)
         if not builtins:
             picker.addItem("Gemma 3 270M (built in · base model: continues text)", EMBEDDED_KEY)
         for record in self.store.list_models():
@@ -131,7 +132,19 @@ class ModelActions:
     def _load_path(self, path: str) -> None:
         settings = self.engine_settings()
         self.bridge.load(path, settings["device"], settings["dtype"], int(settings["prefill_chunk"]),
-                         int(settings.get("context_size") or 0))
+                         int(settings.get("context_size") or 0), self.disk_cache())
+
+    def disk_cache(self) -> tuple[str, int | None] | None:
+        """(folder, budget bytes) of the conversations' KV cache on disk; None when the
+        person turned it off (a budget of 0). No setting: the default budget."""
+        megabytes = self.engine_settings().get(DISK_CACHE_KEY)
+        if megabytes is not None and int(megabytes) <= 0:
+            return None
+        budget = int(megabytes) * 1_000_000 if megabytes is not None else None
+        return str(Path(self.data_dir) / DISK_CACHE_FOLDER), budget
+
+    def disk_cache_default_mb(self) -> int:
+        return self.bridge.disk_cache_default_bytes(self.data_dir) // 1_000_000
 
     # -- progress in the status bar ----------------------------------------------------
 

@@ -29,6 +29,7 @@ class ActiveReply:
     done: int = 0  # prompt tokens ready
     total: int = 0
     cached: int = 0
+    restored: int = 0  # of `cached`, read back from the disk cache
     tokens: int = 0
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float = 0.0
@@ -51,6 +52,8 @@ class ActiveReply:
         if self.state in (QUEUED, PREFILLING) and self.total:
             pct = 100 * self.done // self.total
             cached = f", {self.cached:,} reused from cache" if self.cached else ""
+            if self.restored:
+                cached += f" ({self.restored:,} restored from disk)"
             return f"Reading the prompt… {pct}% ({self.done:,} of {self.total:,} tokens{cached})"
         return ""
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from app.ui.defaults import DISK_CACHE_KEY
 from app.ui.qt import QtWidgets
-
 
 
 class ChatSettingsDialog(QtWidgets.QDialog):
@@ -82,9 +82,11 @@ class PreferencesDialog(QtWidgets.QDialog):
     """Where the model runs: device, weight precision, prefill chunk size."""
 
     def __init__(self, values: dict, parent=None, devices: tuple[str, ...] = ("auto", "cpu"),
-                 dtypes: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")):
+                 dtypes: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16"),
+                 disk_cache_default_mb: int = 2000):
         """`devices`: the ones that exist here, `dtypes` the engine's weight formats (both
-        asked of the engine); only these are offered."""
+        asked of the engine); only these are offered. `disk_cache_default_mb`: the disk
+        cache's budget when none was chosen (sized to the disk)."""
         super().__init__(parent)
         self.setWindowTitle("Preferences")
         form = QtWidgets.QFormLayout()
@@ -114,10 +116,22 @@ class PreferencesDialog(QtWidgets.QDialog):
         self.context_size.setToolTip("Most tokens one conversation may hold (remembered for "
                                      "this model); smaller keeps long documents quick on a "
                                      "slow machine")
+        self.disk_cache = QtWidgets.QSpinBox()
+        self.disk_cache.setObjectName("diskCacheSize")
+        self.disk_cache.setRange(0, 1_000_000)
+        self.disk_cache.setSingleStep(250)
+        self.disk_cache.setSuffix(" MB")
+        self.disk_cache.setSpecialValueText("off")
+        chosen = values.get(DISK_CACHE_KEY)
+        self.disk_cache.setValue(int(disk_cache_default_mb if chosen is None else chosen))
+        self.disk_cache.setToolTip("Conversations' prompt cache kept on disk, so a long chat "
+                                   "or document answers quickly after a restart; the least "
+                                   "recently used is deleted beyond this size. 0 = off.")
         form.addRow("Device:", self.device)
         form.addRow("Precision:", self.dtype)
         form.addRow("Prefill chunk (tokens):", self.prefill_chunk)
         form.addRow("Context size (tokens):", self.context_size)
+        form.addRow("Disk cache for conversations:", self.disk_cache)
         buttons = QtWidgets.QDialogButtonBox(QtWidgets.QDialogButtonBox.Ok
                                              | QtWidgets.QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
@@ -130,4 +144,5 @@ class PreferencesDialog(QtWidgets.QDialog):
     def values(self) -> dict:
         return {"device": self.device.currentText(), "dtype": self.dtype.currentText(),
                 "prefill_chunk": self.prefill_chunk.value(),
-                "context_size": self.context_size.value()}
+                "context_size": self.context_size.value(),
+                DISK_CACHE_KEY: self.disk_cache.value()}

@@ -52,6 +52,7 @@ class TrashActions:
         for chat_id in chat_ids:
             self._last_usage.pop(chat_id, None)
             self.pending.pop(chat_id, None)
+            self.bridge.forget_cache_owner(str(chat_id))  # its pages on disk go too
         self._refresh_trash()
         self._update_trash_button()
 

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--kv-dir", default=None, metavar="DIR",
                      help="keep the prefix cache on disk in DIR, so conversations resume warm "
                           "after a restart (off by default)")
+    srv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API; "
+                          "repeat for several (off by default)")
     return parser
 
 
@@ -258,7 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be between 0 and 65535, got {args.port}")
     try:
         serve(args.host, args.port, args.model, args.device, args.dtype, args.data_dir,
-              kv_dir=args.kv_dir)
+              kv_dir=args.kv_dir, cors_origins=tuple(args.cors_origin))
     except ServeError as exc:
         raise CliError(str(exc)) from None
     return 0

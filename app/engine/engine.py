@@ -396,7 +396,11 @@ class Engine:
                 if request.prefill_remaining:
                     continue
                 request.phase = Phase.DECODE
-            self._sample(request, row, events)
+            try:
+                self._sample(request, row, events)
+            except Exception as exc:  # a request whose sampling fails fails alone
+                events.append(Failed(request.id, f"Sampling failed: {exc}"))
+                self._release(request, publish=False)
 
     def _prefill_budget(self, streaming: bool) -> int:
         return self._interleave_chunk if streaming else self.config.prefill_chunk

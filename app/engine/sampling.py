@@ -6,14 +6,39 @@ row's logits are sampled on their own, so the same seed gives the same tokens wh
 shares the batch. Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)), which
 draws exactly from p without `torch.multinomial` (buggy on MPS at times) and needs only one
 noise draw per candidate token, made on the CPU so a seed means the same thing on every device.
+
+The sampler is total: whatever values pass `SamplingParams`' checks (temperature 1e-300,
+repetition_penalty 1e-300, every token but one banned) it returns a token or raises
+`NoTokenAllowed` for that request alone; overflowing scores never reach softmax as NaN.
+
+`logits_processors` is the one generic hook for per-request constraints (a logit bias, a
+grammar): factories, each making one request's processor, which may keep state.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+
+_FLOAT_MAX = torch.finfo(torch.float32).max
+_TINY_TEMPERATURE = 1e-30
+
+
+class LogitsProcessor(Protocol):
+    """Reshapes one request's next-token scores. `generated`: the tokens this request has
+    sampled so far (the newest last); `logits`: [V] float32. Returns [V] float32 (it may
+    change `logits` in place); -inf bans a token."""
+
+    def __call__(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor: ...
+
+
+class NoTokenAllowed(ValueError):
+    """Every token was banned (by a bias or a constraint): this request cannot go on."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +56,15 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     top_logprobs: int = 0  # how many alternatives to report per token (0 = none)
     ignore_eos: bool = False
+    # Factories, one processor per request each (see LogitsProcessor); applied in order.
+    logits_processors: tuple[Callable[[], LogitsProcessor], ...] = ()
 
     def __post_init__(self) -> None:
+        numbers = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty")
+        for name in numbers:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
         checks = [
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
             (self.temperature >= 0, "temperature must be 0 (greedy) or more"),
@@ -47,6 +79,7 @@ class SamplingParams:
                 raise ValueError(message)
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
 
     @property
     def greedy(self) -> bool:
@@ -67,11 +100,13 @@ class RequestSampler:
     params: SamplingParams
     seed: int = field(init=False)
     _counts: dict[int, int] = field(default_factory=dict, init=False)
+    _generated: list[int] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(self.seed)
+        self._processors = [make() for make in self.params.logits_processors]
 
     def observe(self, token_ids) -> None:
         """Count tokens for the penalties (the prompt's and every generated one)."""
@@ -79,16 +114,31 @@ class RequestSampler:
             self._counts[t] = self._counts.get(t, 0) + 1
 
     def next_token(self, logits: torch.Tensor) -> TokenChoice:
-        """logits: [V] float32 for one request -> the chosen token (also counted)."""
+        """logits: [V] float32 for one request -> the chosen token (also counted).
+        Raises NoTokenAllowed when the processors left no token."""
         p = self.params
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1) if p.top_logprobs else None
-        shaped = self._penalized(logits)
+        shaped = logits
+        for process in self._processors:
+            shaped = process(self._generated, shaped if shaped is not logits else logits.clone())
+        shaped = self._penalized(shaped)
+        # Extreme penalties overflow: +inf becomes the largest float (still the favourite),
+        # NaN a banned token, so nothing below ever sees inf - inf.
+        shaped = torch.nan_to_num(shaped, nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
+        best = float(shaped.max())
+        if best == -math.inf:
+            raise NoTokenAllowed("no token is allowed here: every token was banned by "
+                                 "logit_bias or the output format's constraint")
         if p.greedy:
             token = int(torch.argmax(shaped))
         else:
-            token = self._race(shaped / p.temperature)
+            # Shifted so the best score is 0 before dividing: a tiny temperature sends the
+            # others to -inf (greedy in effect), never the best one to inf. The divisor stays
+            # a normal float32 (1e-300 would round to 0, and 0 / 0 is NaN).
+            token = self._race((shaped - best) / max(p.temperature, _TINY_TEMPERATURE))
         self.observe((token,))
+        self._generated.append(token)
         if logprobs is None:
             return TokenChoice(token, float("nan"))
         values, ids = torch.topk(logprobs, p.top_logprobs)
@@ -123,5 +173,5 @@ class RequestSampler:
             keep &= probs >= p.min_p * probs[0]
         n = int(keep.sum())  # kept tokens are a prefix of the sorted list
         probs = probs[:n].cpu()
-        noise = torch.empty(n).exponential_(generator=self._generator)
+        noise = torch.empty(n).exponential_(generator=self._generator).clamp_min_(1e-30)
         return int(ids[int(torch.argmax(probs / noise))])

@@ -1,8 +1,13 @@
 """The OpenAI-compatible HTTP API over one loaded model and its `EngineRunner`.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, streaming (SSE)
-or not, shaped like OpenAI's objects so the official clients work unchanged. Every request
-is one engine request; several in flight share the engine, which batches them.
+or not, shaped like OpenAI's objects so the official clients work unchanged, and GET /health.
+Every request is one engine request; several in flight share the engine, which batches them.
+Before any of it, `guards.RequestGuard` checks the Host header and bounds the body; CORS is
+off unless origins are given.
+
+Errors reach the client as OpenAI-shaped bodies with a one-line message; a traceback stays
+in the server's log, never on the wire.
 
 Threads: the engine's events arrive on the engine thread and are handed to the event loop
 with `call_soon_threadsafe`; nothing here touches engine state. A generation is aborted
@@ -13,36 +18,58 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engine.events import Event, Failed, Finished, Token
+from app.engine.logits_processors import logit_bias
 from app.engine.runner import EngineRunner
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import encode_chat
 from app.models.loader import LoadedModel
+from app.server.guards import DEFAULT_MAX_BODY_BYTES, RequestGuard, allowed_hosts_for
 from app.server.schemas import (ApiError, ChatCompletionRequest, ChatFormat,
                                 CompletionFormat, CompletionRequest, ResponseFormat,
                                 SamplingFields, reply_budget, validation_error)
 
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is there
 
+log = logging.getLogger("ferrox.server")
 
-def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str) -> FastAPI:
+
+def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
+               bind_host: str = "127.0.0.1", cors_origins: Sequence[str] = (),
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The API app. The caller owns `runner`; at shutdown call `abort_open_requests(app)`
-    before waiting for connections to close, so open streams end at once."""
+    before waiting for connections to close, so open streams end at once. `bind_host`: the
+    address listened on, which decides the Host names answered (see guards);
+    `cors_origins`: browser origins allowed to call the API (none by default)."""
     app = FastAPI(title="Ferrox Chat API", docs_url=None, redoc_url=None, openapi_url=None)
     gateway = _Gateway(runner)
     app.state.gateway = gateway
     _install_error_handlers(app)
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
+    # Added last, so it runs first: nothing else sees a request with a foreign Host.
+    app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts_for(bind_host),
+                       max_body_bytes=max_body_bytes)
     created = int(time.time())
     card = {"id": model_id, "object": "model", "created": created, "owned_by": "ferrox-chat"}
     tokenizer = loaded.tokenizer
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if gateway.closing:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": model_id})
 
     @app.get("/v1/models")
     async def list_models() -> dict:
@@ -57,9 +84,17 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str) -> Fast
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        try:
-            prompt_ids = encode_chat(tokenizer, loaded.template,
-                                     [m.to_message() for m in body.messages])
+        body.check(model_id, tokenizer.vocab_size)
+        if body.tools:
+            raise ApiError(400, "'tools' are not supported by this server yet.",
+                           param="tools", code="unsupported_parameter")
+        if body.response_format is not None and body.response_format.type != "text":
+            raise ApiError(400, "Structured output is not supported by this server yet.",
+                           param="response_format", code="unsupported_parameter")
+        messages = [m.to_message() for m in body.messages]
+        try:  # off the event loop: a long conversation takes a while to tokenize
+            prompt_ids = await asyncio.to_thread(encode_chat, tokenizer, loaded.template,
+                                                 messages)
         except ValueError as exc:  # e.g. a model's template refusing the order of roles
             raise ApiError(400, f"The conversation cannot be formatted for this model: {exc}",
                            param="messages") from None
@@ -68,7 +103,11 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str) -> Fast
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        prompt_ids = _prompt_ids(loaded, body.prompt)
+        body.check(model_id, tokenizer.vocab_size)
+        if body.suffix:
+            raise ApiError(400, "'suffix' is not supported by this server yet.",
+                           param="suffix", code="unsupported_parameter")
+        prompt_ids = await asyncio.to_thread(_prompt_ids, loaded, body.prompt)
         answer = CompletionFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
         return await _respond(gateway, loaded, body, prompt_ids, "prompt", answer, request)
 
@@ -90,8 +129,9 @@ async def _respond(gateway: "_Gateway", loaded: LoadedModel, body: SamplingField
                               loaded.context_length, prompt_param)
     # The engine reports the chosen token's logprob only alongside alternatives.
     engine_top = 0 if answer.logprobs is None else max(1, answer.logprobs)
+    processors = [logit_bias(body.bias)] if body.logit_bias else []
     try:
-        params = body.sampling(max_tokens, engine_top)
+        params = body.sampling(max_tokens, engine_top, processors)
     except ValueError as exc:
         raise ApiError(400, str(exc), param=str(exc).split()[0]) from None
     generation = await gateway.start(prompt_ids, params)
@@ -172,7 +212,16 @@ def _sse(payload: dict) -> str:
 
 
 def _engine_failure(event: Failed) -> ApiError:
-    return ApiError(500, event.message, code="engine_error", kind="server_error")
+    return ApiError(500, _one_line(event.message), code="engine_error", kind="server_error")
+
+
+def _one_line(message: str) -> str:
+    """An engine message for the wire: its first line. An internal error's traceback goes to
+    the server's log instead."""
+    first, _, rest = message.partition("\n")
+    if rest:
+        log.error("%s", message)
+    return first.rstrip(":") + (" (details are in the server's log)" if rest else "")
 
 
 def _stopped_by_shutdown() -> ApiError:
@@ -259,8 +308,12 @@ class _Gateway:
             raise
         if isinstance(first, Failed):
             generation.close()
-            raise ApiError(400, first.message, code="request_refused")
+            raise ApiError(400, _one_line(first.message), code="request_refused")
         return generation
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def close(self) -> None:
         self._closing = True
@@ -289,5 +342,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        error = ApiError(500, f"Internal server error: {exc}", kind="server_error")
+        log.error("Internal error on %s", request.url.path, exc_info=exc)
+        error = ApiError(500, f"Internal server error ({type(exc).__name__}); details are in "
+                              "the server's log.", kind="server_error")
         return JSONResponse(error.body(), status_code=500)

@@ -1,11 +1,14 @@
 """The OpenAI wire format: request bodies (and the one place they become engine input),
 response objects, and validation errors in OpenAI's shape.
 
-Field ranges follow OpenAI's API reference, so a bad value is a 400 before anything runs.
-Fields we have no use for (`user`, `metadata`, `tools`, ...) are accepted and ignored, as
-clients send them routinely; what would silently change the answer and cannot be honoured
-(`n` > 1, `best_of` > 1, `echo`) is refused. Sampling defaults are OpenAI's (temperature 1,
-top_p 1, no top-k), not the app's, so a client gets what it expects from the API.
+Validation is strict, as OpenAI's is: a boolean must be a JSON boolean, a number a number,
+ranges follow OpenAI's API reference, and rules that span fields (`top_logprobs` needs
+`logprobs`, `stream_options` needs `stream`, content where OpenAI requires it) are checked
+by `check()` -- a bad value is a 400 before anything runs. Every parameter OpenAI defines is
+either honoured, harmless to ignore (`user`, `metadata`, `store`, `service_tier`, ...), or
+refused with a 400 naming it (`n` > 1, `echo`, audio, web search, ...): nothing that would
+change the answer is silently dropped. Sampling defaults are OpenAI's (temperature 1, top_p 1,
+no top-k), not the app's, so a client gets what it expects from the API.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -22,6 +25,14 @@ from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message
 
 DEFAULT_MAX_TOKENS = 4096  # reply budget when the request names none (capped by the context)
+
+# Unknown keys are ignored (clients add their own); known ones are strict: no "yes" for true,
+# no "5" for 5. Floats refuse NaN and infinities (Python's JSON reader accepts `NaN`).
+_STRICT = ConfigDict(extra="ignore", strict=True)
+
+
+def _number(**bounds) -> Any:
+    return Field(None, allow_inf_nan=False, **bounds)
 
 
 # ---- requests ----------------------------------------------------------------------------
@@ -41,30 +52,39 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
+def _refuse(param: str, why: str) -> ApiError:
+    return ApiError(400, f"'{param}' is not supported by this server: {why}", param=param,
+                    code="unsupported_parameter")
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     include_usage: bool | None = False
 
 
 class SamplingFields(BaseModel):
     """What chat and text completions share."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None  # any name is accepted: the server runs one model
+    model_config = _STRICT
+    model: str | None = None  # None: the one model served; another name is a 404
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = _number(ge=0, le=2)
+    top_p: float | None = _number(gt=0, le=1)
     n: int | None = Field(None, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = _number(ge=-2, le=2)
+    frequency_penalty: float | None = _number(ge=-2, le=2)
+    # Token id (as a string: JSON keys are strings) -> bias in [-100, 100]; ids are checked
+    # against the vocabulary in `check`.
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # accepted, unused
     # Not OpenAI's, but common among local servers.
     top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
+    min_p: float | None = _number(ge=0, le=1)
+    repetition_penalty: float | None = _number(gt=0, le=10)
 
     @field_validator("n")
     @classmethod
@@ -73,11 +93,46 @@ class SamplingFields(BaseModel):
             raise ValueError("only n=1 is supported: this server returns one choice per request")
         return n
 
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop):
+        if isinstance(stop, list) and len(stop) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_values(cls, bias: dict[str, float] | None):
+        for key, value in (bias or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"values must be between -100 and 100, got {value} for {key}")
+        return bias
+
+    def check(self, model_id: str, vocab_size: int) -> None:
+        """The rules that span fields or need the model; raises ApiError."""
+        if self.model is not None and self.model != model_id:
+            raise ApiError(404, f"The model `{self.model}` does not exist. Available models: "
+                                f"{model_id}.", param="model", code="model_not_found")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "The 'stream_options' parameter is only allowed when 'stream' "
+                                "is enabled.", param="stream_options")
+        for key in self.logit_bias or {}:
+            if int(key) >= vocab_size:
+                raise ApiError(400, f"Invalid value for 'logit_bias': token id {int(key)} is "
+                                    f"outside the vocabulary (0..{vocab_size - 1}).",
+                               param="logit_bias")
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, max_tokens: int, top_logprobs: int) -> SamplingParams:
+    @property
+    def bias(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
+    def sampling(self, max_tokens: int, top_logprobs: int, logits_processors=()) -> SamplingParams:
         """The engine's parameters; SamplingParams' own checks raise ValueError."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
@@ -92,11 +147,12 @@ class SamplingFields(BaseModel):
             seed=self.seed,
             stop=stop,
             top_logprobs=top_logprobs,
+            logits_processors=tuple(logits_processors),
         )
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     type: str
     text: str = ""
 
@@ -108,17 +164,86 @@ class ContentPart(BaseModel):
         return kind
 
 
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = _STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     # "developer" is OpenAI's newer name for "system".
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def check(self, where: str) -> None:
+        """OpenAI's rules: content is required except on an assistant turn that calls tools;
+        a tool result names the call it answers."""
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            need = ("content, or tool_calls" if self.role == "assistant" else "content")
+            raise ApiError(400, f"Invalid value for '{where}.content': a message with role "
+                                f"'{self.role}' must have {need}.", param=f"{where}.content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ApiError(400, f"Missing required parameter: '{where}.tool_call_id'.",
+                           param=f"{where}.tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ApiError(400, f"Invalid parameter: '{where}.tool_calls' is only allowed on "
+                                "assistant messages.", param=f"{where}.tool_calls")
 
     def to_message(self) -> Message:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return Message("system" if self.role == "developer" else self.role, content or "")
+        role = "system" if self.role == "developer" else self.role
+        calls = ([c.model_dump() for c in self.tool_calls] if self.tool_calls else None)
+        if role == "assistant" and calls is None:
+            content = content or ""
+        return Message(role, content, tool_calls=calls, tool_call_id=self.tool_call_id,
+                       name=self.name)
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatParam(BaseModel):
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: dict[str, str]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -126,6 +251,49 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormatParam | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Accepted and unused: they do not change the reply.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None  # prefixes are cached whatever the key
+    safety_identifier: str | None = None
+    # Refused when they would ask for something this server cannot do.
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+
+    def check(self, model_id: str, vocab_size: int) -> None:
+        super().check(model_id, vocab_size)
+        for i, message in enumerate(self.messages):
+            message.check(f"messages[{i}]")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "Invalid value for 'top_logprobs': 'logprobs' must be set to "
+                                "true when 'top_logprobs' is given.", param="top_logprobs")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise _refuse("modalities", "it answers with text only")
+        refused = {"audio": "it answers with text only",
+                   "functions": "use 'tools' instead",
+                   "function_call": "use 'tool_choice' instead",
+                   "web_search_options": "it has no web search",
+                   "prediction": "predicted outputs are not implemented",
+                   "reasoning_effort": "the model's reasoning cannot be tuned here",
+                   "verbosity": "the reply's length is set by max_tokens only"}
+        for name, why in refused.items():
+            if getattr(self, name) is not None:
+                raise _refuse(name, why)
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
+            raise ApiError(400, "Missing required parameter: 'response_format.json_schema'.",
+                           param="response_format.json_schema")
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -143,6 +311,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -179,20 +348,19 @@ class CompletionRequest(SamplingFields):
 def reply_budget(requested: int | None, prompt_tokens: int, context: int, prompt_param: str) -> int:
     """max_tokens for the engine: the request's, or what the context leaves (up to
     DEFAULT_MAX_TOKENS). A prompt plus reply that cannot fit the context is a 400 here, before
-    anything is queued, rather than a failure mid-stream."""
-    room = context - max(prompt_tokens, 1)  # an empty prompt still runs BOS
-    if room < 1:
-        raise ApiError(400, f"The prompt has {prompt_tokens:,} tokens but the model's context "
-                            f"holds {context:,} (prompt and reply together). Shorten the prompt.",
-                       param=prompt_param, code="context_length_exceeded")
-    if requested is None:
-        return min(room, DEFAULT_MAX_TOKENS)
-    if requested > room:
-        raise ApiError(400, f"The model's context holds {context:,} tokens: the prompt takes "
-                            f"{prompt_tokens:,} and max_tokens asks for {requested:,} more. "
-                            f"Lower max_tokens to {room:,} or less, or shorten the prompt.",
-                       param="max_tokens", code="context_length_exceeded")
-    return requested
+    anything is queued, rather than a failure mid-stream. The message is vLLM's, word for
+    word: client libraries (litellm's ContextWindowExceededError) recognise it."""
+    prompt_tokens = max(prompt_tokens, 1)  # an empty prompt still runs BOS
+    room = context - prompt_tokens
+    reply = 1 if requested is None else requested
+    if reply > room:
+        raise ApiError(400, f"This model's maximum context length is {context} tokens. "
+                            f"However, you requested {prompt_tokens + reply} tokens "
+                            f"({prompt_tokens} in the messages, {reply} in the completion). "
+                            "Please reduce the length of the messages or completion.",
+                       param=prompt_param if requested is None or room < 1 else "max_tokens",
+                       code="context_length_exceeded")
+    return min(room, DEFAULT_MAX_TOKENS) if requested is None else requested
 
 
 def _given(value, default):

@@ -51,8 +51,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "auto",
-          data_dir: str | None = None, kv_dir: str | None = None) -> None:
-    """Serve `model` ('default' or a .gguf path) on http://host:port/v1 until stopped."""
+          data_dir: str | None = None, kv_dir: str | None = None,
+          cors_origins: tuple[str, ...] = ()) -> None:
+    """Serve `model` ('default' or a .gguf path) on http://host:port/v1 until stopped.
+    Requests whose Host is not a loopback name (or `host`) are refused; `cors_origins`
+    lets those browser origins call the API."""
     from app.cli import resolve_model_path
     from app.engine.device import load_on
     from app.engine.engine import Engine
@@ -72,7 +75,8 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
         sock.close()
         raise
     model_id = loaded.path.stem
-    server = ApiServer(create_app(runner, loaded, model_id), runner)
+    app = create_app(runner, loaded, model_id, bind_host=host, cors_origins=cors_origins)
+    server = ApiServer(app, runner)
     bound_port = sock.getsockname()[1]
     print(f"Serving {model_id} on {loaded.device} at http://{host}:{bound_port}/v1 "
           "(Ctrl+C to stop)", flush=True)

@@ -20,22 +20,11 @@ import openai
 import pytest
 from openai import OpenAI
 
-from app.engine.device import load_on
-from app.engine.engine import Engine, EngineConfig
-from app.engine.events import Finished
-from app.engine.runner import EngineRunner
 from app.models.chat_template import Message, encode_chat
-from app.models.loader import LoadedModel
-from app.server.api import create_app
-from app.server.serve import ApiServer, listen
+from app.server.serve import listen
+from tests.server.conftest import KV_TOKENS, MODEL_ID, SAFETY_TIMEOUT_S, user
 
 pytestmark = pytest.mark.slow
-
-MODEL_ID = "gemma-test"
-KV_TOKENS = 8192  # small KV memory: a request for more must be refused with a 400
-# Tests wait for events (a ready line, a request ending), never for a fixed time; this bound
-# only ends a hang, and is generous so a loaded machine never trips it.
-SAFETY_TIMEOUT_S = 900
 
 STORY = ("The lighthouse keeper of Grey Island kept a logbook for forty years. Every night "
          "he wrote down the weather, the ships that passed, the birds that rested on the "
@@ -43,70 +32,6 @@ STORY = ("The lighthouse keeper of Grey Island kept a logbook for forty years. E
          "what he had learned. He said that the sea is never the same twice, that fog "
          "arrives on quiet feet, and that a lamp is only as good as the person who trims "
          "its wick. The new keeper read the whole logbook in one winter and began her own.")
-
-
-@dataclass
-class Running:
-    port: int
-    loaded: LoadedModel
-    engine: Engine
-    finished: list[Finished]  # every Finished event the engine reported, in order
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def client(self) -> OpenAI:
-        return OpenAI(base_url=self.url, api_key="x", max_retries=0, timeout=SAFETY_TIMEOUT_S)
-
-    def wait_idle(self, timeout: float = SAFETY_TIMEOUT_S) -> None:
-        """Until the engine has nothing to do (then its thread only sleeps)."""
-        deadline = time.monotonic() + timeout
-        while self.engine.has_work:
-            assert time.monotonic() < deadline, "the engine is still busy"
-            time.sleep(0.02)
-        time.sleep(0.1)
-        assert not self.engine.has_work
-
-
-@pytest.fixture(scope="module")
-def server(embedded_model_path):
-    loaded = load_on(embedded_model_path, "cpu", "auto")
-    engine = Engine(loaded, EngineConfig(kv_tokens=KV_TOKENS))
-    runner = EngineRunner(engine)
-    finished: list[Finished] = []
-    _record_finished(runner, finished)
-    api = ApiServer(create_app(runner, loaded, MODEL_ID), runner, log_level="warning")
-    sock = listen("127.0.0.1", 0)
-    thread = threading.Thread(target=api.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + SAFETY_TIMEOUT_S
-    while not api.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield Running(sock.getsockname()[1], loaded, engine, finished)
-    api.should_exit = True
-    thread.join(30)
-    assert not thread.is_alive()
-
-
-def _record_finished(runner: EngineRunner, finished: list[Finished]) -> None:
-    """Tap the runner so tests can see how each request really ended in the engine."""
-    submit = runner.submit
-
-    def tapped(prompt_ids, params, on_event, request_id=None):
-        def listen_(event):
-            if isinstance(event, Finished):
-                finished.append(event)
-            on_event(event)
-        return submit(prompt_ids, params, listen_, request_id)
-
-    runner.submit = tapped
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
 
 # ---- models and plain requests ---------------------------------------------------------
 
@@ -121,7 +46,7 @@ def test_chat_completion_greedy(server):
     messages = [{"role": "system", "content": "Answer briefly."},
                 {"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]
     reply = server.client().chat.completions.create(
-        model="anything", messages=messages, max_tokens=8, temperature=0)
+        model=MODEL_ID, messages=messages, max_tokens=8, temperature=0)
     assert reply.object == "chat.completion" and reply.model == MODEL_ID
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
@@ -311,7 +236,9 @@ def test_prompt_longer_than_the_context_is_a_400(server):
                                            max_tokens=4)
     assert caught.value.status_code == 400
     assert caught.value.code == "context_length_exceeded"
-    assert f"{context + 10:,} tokens" in caught.value.message
+    assert caught.value.body["message"].startswith(  # vLLM's words, which client libraries look for
+        f"This model's maximum context length is {context} tokens. However, you requested "
+        f"{context + 14} tokens ({context + 10} in the messages, 4 in the completion).")
 
 
 def test_max_tokens_beyond_the_context_is_a_400(server):
@@ -319,7 +246,9 @@ def test_max_tokens_beyond_the_context_is_a_400(server):
         server.client().chat.completions.create(model=MODEL_ID, messages=user("Hi"),
                                                 max_tokens=server.loaded.context_length)
     assert caught.value.body["param"] == "max_tokens"
-    assert "context holds" in caught.value.message
+    assert caught.value.code == "context_length_exceeded"
+    assert f"maximum context length is {server.loaded.context_length} tokens" in (
+        caught.value.message)
 
 
 def test_request_beyond_the_kv_memory_is_refused_with_a_400(server):
@@ -343,7 +272,7 @@ def test_invalid_parameters_are_a_400(server, extra, param):
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0].type"),
     ("chat/completions", {"messages": []}, "messages"),
@@ -473,7 +402,7 @@ def test_serve_command_answers_and_stops_on_a_signal(embedded_model_path, tmp_pa
         models = _wait_until_serving(proc, stdout, url)
         assert [m["id"] for m in models["data"]] == [embedded_model_path.stem]
         # A reply in flight when the signal arrives is stopped, not waited for.
-        body = {"model": "x", "prompt": "Once upon a time", "max_tokens": 2000,
+        body = {"model": embedded_model_path.stem, "prompt": "Once upon a time", "max_tokens": 2000,
                 "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{url}/completions", json=body,
                           timeout=SAFETY_TIMEOUT_S) as response:

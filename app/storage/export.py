@@ -98,5 +98,6 @@ def _json_message(message: Message) -> dict[str, Any]:
             "created_at": message.created_at, "updated_at": message.updated_at,
             "metadata": message.metadata,
             "attachments": [{"name": a.name, "kind": a.kind, "text": a.text,
-                             "token_count": a.token_count, "size_bytes": a.size_bytes}
+                             "token_count": a.token_count, "size_bytes": a.size_bytes,
+                             **({"sha256": a.sha256} if a.sha256 else {})}
                             for a in message.attachments]}

@@ -262,7 +262,12 @@ class _Checker:
         if not all(_is_int(n) and 0 <= n <= _MAX_INT for n in counts):
             raise StorageError(f"attachment {name!r}: token_count and size_bytes must be whole "
                                "numbers, 0 or more.")
-        return NewAttachment(name=name, kind=kind, text=text, token_count=counts[0], size_bytes=counts[1])
+        sha256 = raw.get("sha256")
+        if sha256 is not None and not (isinstance(sha256, str) and len(sha256) == 64
+                                       and all(c in "0123456789abcdef" for c in sha256)):
+            raise StorageError(f"attachment {name!r}: sha256 must be 64 lowercase hex digits.")
+        return NewAttachment(name=name, kind=kind, text=text, token_count=counts[0],
+                             size_bytes=counts[1], sha256=sha256)
 
     def is_id(self, value: Any) -> bool:
         if isinstance(value, str):

@@ -166,8 +166,8 @@ class MessageTree(StoreBase):
              to_json(metadata or {}, "Message metadata")))
         message_id = cursor.lastrowid
         conn.executemany(
-            """INSERT INTO attachments (message_id, name, kind, text, token_count, size_bytes)
-               VALUES (?, ?, ?, ?, ?, ?)""",
+            """INSERT INTO attachments (message_id, name, kind, text, token_count, size_bytes, sha256)
+               VALUES (?, ?, ?, ?, ?, ?, ?)""",
             [(message_id, *check_attachment(a)) for a in attachments])
         return message_id
 

@@ -92,7 +92,14 @@ def _v2_create_connections(conn: sqlite3.Connection) -> None:
     )""")
 
 
+def _v3_attachment_sources(conn: sqlite3.Connection) -> None:
+    # The sha256 of the file an attachment was read from, set when the document was indexed
+    # for retrieval (app/retrieval keys its index by it); NULL for documents sent whole.
+    conn.execute("ALTER TABLE attachments ADD COLUMN sha256 TEXT")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_create_tables,
     _v2_create_connections,
+    _v3_attachment_sources,
 )

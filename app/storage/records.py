@@ -24,6 +24,7 @@ class NewAttachment:
     text: str = ""  # the extracted text the model sees
     token_count: int = 0
     size_bytes: int = 0
+    sha256: str | None = None  # of the source file, when it was indexed for retrieval
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Attachment:
     text: str
     token_count: int
     size_bytes: int
+    sha256: str | None = None  # of the source file, when it was indexed for retrieval
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def chat_from_row(row: sqlite3.Row) -> Chat:
 def attachment_from_row(row: sqlite3.Row) -> Attachment:
     return Attachment(id=row["id"], message_id=row["message_id"], name=row["name"],
                       kind=row["kind"], text=row["text"], token_count=row["token_count"],
-                      size_bytes=row["size_bytes"])
+                      size_bytes=row["size_bytes"], sha256=row["sha256"])
 
 
 def message_from_row(row: sqlite3.Row, attachments: tuple[Attachment, ...] = ()) -> Message:

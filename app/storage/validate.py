@@ -112,8 +112,9 @@ def to_json(value: Any, what: str) -> str:
         raise StorageError(f"{what} cannot be saved as JSON: {error}.") from None
 
 
-def check_attachment(attachment: Any) -> tuple[str, str, str, int, int]:
-    """(name, kind, text, token_count, size_bytes) of a NewAttachment or an Attachment."""
+def check_attachment(attachment: Any) -> tuple[str, str, str, int, int, str | None]:
+    """(name, kind, text, token_count, size_bytes, sha256) of a NewAttachment or an
+    Attachment."""
     try:
         fields = (attachment.name, attachment.kind, attachment.text,
                   attachment.token_count, attachment.size_bytes)
@@ -126,4 +127,7 @@ def check_attachment(attachment: Any) -> tuple[str, str, str, int, int]:
     check_text(text, f"The text of attachment {name!r}")
     if not (_integer(tokens) and tokens >= 0 and _integer(size) and size >= 0):
         raise StorageError(f"Attachment {name!r}: token_count and size_bytes must be whole numbers, 0 or more.")
-    return name, kind, text, tokens, size
+    sha256 = getattr(attachment, "sha256", None)
+    if sha256 is not None and not isinstance(sha256, str):
+        raise StorageError(f"Attachment {name!r}: sha256 must be text.")
+    return name, kind, text, tokens, size, sha256

@@ -23,6 +23,8 @@ class DialogActions:
         dialog = ChatSettingsDialog(values, self.window)
         if dialog.exec():
             self.store.update_chat_settings(chat.id, dialog.values())
+            self._plan_indexing(chat.id)  # "search" indexes the documents waiting to be sent
+            self._show_attachments()
             if dialog.make_default():  # remembered for the current model
                 self.save_model_defaults({k: v for k, v in dialog.values().items()
                                           if k in SAMPLING_KEYS})
@@ -61,20 +63,27 @@ class DialogActions:
         self.window.statusBar().showMessage(f"Exported to {path}", 6000)
 
     def _import_chat(self) -> None:
-        import json
-
-        from app.storage import import_json
+        """Read, check and add the chosen export on a pool thread (a large file takes
+        seconds to parse); the chat opens when it is in."""
+        from app.storage import import_chat_file
+        from app.ui.background import run_in_background
 
         path, _ = QtWidgets.QFileDialog.getOpenFileName(self.window, "Import a chat",
                                                         str(Path.home()), "Chat JSON (*.json)")
         if not path:
             return
-        try:
-            chat = import_json(self.store, json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError, StorageError) as exc:
-            self._alert("Import failed", f"{Path(path).name}: {exc}")
-            return
+        self.window.statusBar().showMessage(f"Importing {Path(path).name}…")
+        run_in_background(lambda: import_chat_file(self.store, path), self._on_chat_imported,
+                          lambda exc: self._on_import_failed(path, exc))
+
+    def _on_chat_imported(self, chat) -> None:
+        self.window.statusBar().showMessage(f"Imported “{chat.title[:40]}”", 6000)
         self.current_chat_id = chat.id
         self.refresh_chat_list()
         self.show_chat(chat.id)
 
+    def _on_import_failed(self, path: str, exc: Exception) -> None:
+        self.window.statusBar().clearMessage()
+        if not isinstance(exc, (OSError, ValueError, StorageError)):
+            raise exc
+        self._alert("Import failed", f"{Path(path).name}: {exc}")

@@ -57,13 +57,28 @@ def _left():
     return Qt.LeftButton
 
 
+@pytest.fixture(scope="session")
+def kernel_policy_cache(tmp_path_factory):
+    """Where the first window's CPU kernel measurement is kept for the later windows of the
+    session (each test has its own data folder; measuring again in each costs a minute on a
+    busy 2-core machine; tests/engine tests the measurement itself)."""
+    return tmp_path_factory.mktemp("kernel-policy") / "kernel_policy.json"
+
+
 @pytest.fixture
-def open_window(qtbot, embedded_model_path, tmp_path):
+def open_window(qtbot, embedded_model_path, tmp_path, kernel_policy_cache):
+    import shutil
+
     windows = []
+    folders = []
 
     def open_(data_dir=None, extra=()):
-        args = ["--data-dir", str(data_dir or tmp_path / "data"), "--model",
-                str(embedded_model_path), *extra]
+        folder = data_dir or tmp_path / "data"
+        folder.mkdir(parents=True, exist_ok=True)
+        folders.append(folder)
+        if kernel_policy_cache.exists() and not (folder / "kernel_policy.json").exists():
+            shutil.copyfile(kernel_policy_cache, folder / "kernel_policy.json")
+        args = ["--data-dir", str(folder), "--model", str(embedded_model_path), *extra]
         window = create_main_window(args)
         qtbot.addWidget(window)
         windows.append(window)
@@ -72,6 +87,9 @@ def open_window(qtbot, embedded_model_path, tmp_path):
     yield open_
     for window in windows:
         window.close()
+    for folder in folders:
+        if (folder / "kernel_policy.json").exists() and not kernel_policy_cache.exists():
+            shutil.copyfile(folder / "kernel_policy.json", kernel_policy_cache)
 
 
 @pytest.fixture

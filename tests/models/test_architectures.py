@@ -14,6 +14,7 @@ implemented, not merely that it is invisible on these weights.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -22,9 +23,12 @@ import torch
 from app.engine.contiguous_kv import ContiguousKV
 from app.models.layers import ROPE_HALF, ROPE_INTERLEAVED
 from app.models.loader import load_model
-from tests.models.tiny_models import CASES, PROMPT_LENGTH, make_tiny_model
+from tests.models.tiny_models import CASES, PROMPT_LENGTH, legacy_config_json, make_tiny_model
 
 CPU = torch.device("cpu")
+# Every case; the deep ones (the 27B models' layer counts) are marked slow.
+ALL_CASES = [pytest.param(key, marks=[pytest.mark.slow] if case.deep else []) for key, case in CASES.items()]
+SHALLOW_CASES = [key for key, case in CASES.items() if not case.deep]
 TOLERANCE = 1e-4
 FAR = 1e-2  # how far a knocked-out feature must move the logits (100x the tolerance)
 
@@ -68,7 +72,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("source", ["gguf", "hf"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ALL_CASES)
 def test_logits_match_transformers(tiny_model, case, source):
     tiny, reference = tiny_model(case)
     loaded = load(tiny, source)
@@ -81,7 +85,7 @@ def test_logits_match_transformers(tiny_model, case, source):
     assert diff <= TOLERANCE, f"{tiny.case.key} from {source}: max |diff| {diff:.2e}"
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", SHALLOW_CASES)
 def test_chunked_prefill_across_the_window_matches_transformers(tiny_model, case):
     """Chunks of 7: keys come from the cache and the window's start moves within a chunk."""
     tiny, reference = tiny_model(case)
@@ -90,7 +94,7 @@ def test_chunked_prefill_across_the_window_matches_transformers(tiny_model, case
     assert diff <= TOLERANCE, f"{tiny.case.key} in chunks: max |diff| {diff:.2e}"
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", SHALLOW_CASES)
 def test_the_gguf_and_the_folder_load_the_same_model(tiny_model, case):
     tiny, _ = tiny_model(case)
     gguf, folder = load(tiny, "gguf"), load(tiny, "hf")
@@ -101,6 +105,24 @@ def test_the_gguf_and_the_folder_load_the_same_model(tiny_model, case):
     styles = {layer.rope.style for layer in gguf.model.layers}
     assert styles == {ROPE_INTERLEAVED if tiny.case.family == "llama" else ROPE_HALF}
     assert {layer.rope.style for layer in folder.model.layers} == {ROPE_HALF}
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_a_folder_with_a_transformers_4_config_matches_too(tiny_model, case, tmp_path):
+    """Most folders on the Hub have rope_theta/rope_scaling and no layer_types; transformers
+    reads the rewritten config.json as the same model (checked first), and so must we."""
+    from transformers import AutoModelForCausalLM
+
+    tiny, reference = tiny_model(case)
+    folder = shutil.copytree(tiny.hf_dir, tmp_path / tiny.hf_dir.name)
+    legacy_config_json(folder)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    with torch.inference_mode():
+        assert max_diff(theirs(torch.tensor([tiny.prompt_ids])).logits[0], reference) <= 1e-6
+    loaded = load_model(folder, CPU, torch.float32)
+    assert loaded.kv_facts == load(tiny, "hf").kv_facts
+    diff = max_diff(prompt_logits(loaded, tiny.prompt_ids), reference)
+    assert diff <= TOLERANCE, f"{case} from a transformers 4 config.json: max |diff| {diff:.2e}"
 
 
 # ---- knock-outs: each feature matters on the prompt ------------------------------------------
@@ -136,6 +158,13 @@ def _drop_final_softcap(model):
     model.cfg = replace(model.cfg, final_softcap=None)
 
 
+def _head_dim_query_scale(model):
+    cfg = replace(model.cfg, query_scale=0.0)  # 0: 1 / sqrt(head_dim)
+    model.cfg = cfg
+    for layer in model.layers:
+        layer.cfg = cfg
+
+
 KNOCK_OUTS = [
     ("qwen2", "q/k/v biases", _drop_biases),
     ("qwen3", "QK-norm", _drop_qk_norm),
@@ -146,11 +175,15 @@ KNOCK_OUTS = [
     ("gemma3", "sliding window", _drop_windows),
     ("gemma2", "attention soft-capping", _drop_attention_softcap),
     ("gemma2", "final soft-capping", _drop_final_softcap),
+    ("gemma2-27b", "the 27B query scale", _head_dim_query_scale),
+    ("gemma3-27b", "the 27B query scale", _head_dim_query_scale),
 ]
 
 
 @pytest.mark.parametrize("source", ["gguf", "hf"])
-@pytest.mark.parametrize("case,feature,knock_out", KNOCK_OUTS, ids=[f"{c}-{f}" for c, f, _ in KNOCK_OUTS])
+@pytest.mark.parametrize("case,feature,knock_out", [
+    pytest.param(c, f, k, id=f"{c}-{f}", marks=[pytest.mark.slow] if CASES[c].deep else [])
+    for c, f, k in KNOCK_OUTS])
 def test_without_the_feature_the_logits_are_far_off(tiny_model, case, feature, knock_out, source):
     tiny, reference = tiny_model(case)
     loaded = load(tiny, source)

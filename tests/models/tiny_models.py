@@ -6,6 +6,13 @@
     tiny.gguf_path   # the same weights as a float32 GGUF, written as llama.cpp's converter does
     tiny.reference   # transformers' own model (float32, eager attention), for its logits
 
+Cases (`CASES`): llama (Llama 2 shape), llama3-rope (Llama 3.1 scaling, tied head like
+SmolLM2), mistral, qwen2 (biases, tied), qwen3 (QK-norm, head_dim != d/heads), phi3 (fused
+projections, sliding window), phi4-mini (partial rotary, tied), gemma2 (soft-caps,
+alternating window), gemma3 (QK-norm, 5:1 sliding pattern, linear scaling on global
+layers), and the 27B layer counts of Gemma 2/3 (46, 62), by which llama.cpp picks their
+query scale.
+
 The model is made by transformers' own config class (`LlamaConfig`, `Gemma2Config`, ...) with
 seeded random weights (scaled so activations, attention scores and logits are of order one:
 soft-caps bite, biases and norm weights matter), saved with `save_pretrained`. The GGUF is
@@ -58,6 +65,7 @@ class Case:
     family: str  # our registry key and the GGUF general.architecture
     make_config: Callable[[], Any]
     window: int | None = None  # the smallest sliding window, if the model has one
+    deep: bool = False  # a real model's layer count (46, 62): seconds per load, not tenths
 
 
 @dataclass
@@ -130,10 +138,19 @@ def _qwen3():
 def _phi3():
     from transformers import Phi3Config
 
-    # Partial rotary (Phi-4-mini style) and a sliding window over every layer (Phi-3-mini).
-    rope = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75}
+    # Phi-3-mini's shape: a sliding window over every layer, an untied head.
+    rope = {"rope_type": "default", "rope_theta": 10_000.0}
     return Phi3Config(**_common(rms_norm_eps=1e-5, rope_parameters=rope, sliding_window=24,
                                 original_max_position_embeddings=512))
+
+
+def _phi4_mini():
+    from transformers import Phi3Config
+
+    # Phi-4-mini's shape: partial rotary, no sliding window (the converter writes 0), tied head.
+    rope = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75}
+    return Phi3Config(**_common(rms_norm_eps=1e-5, rope_parameters=rope, sliding_window=None,
+                                tie_word_embeddings=True, original_max_position_embeddings=512))
 
 
 def _gemma2():
@@ -144,6 +161,17 @@ def _gemma2():
     return Gemma2Config(**_common(num_hidden_layers=3, head_dim=HEAD_DIM, query_pre_attn_scalar=HEAD_DIM,
                                   sliding_window=16, attn_logit_softcapping=5.0,
                                   final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh"))
+
+
+def _gemma2_27b():
+    from transformers import Gemma2Config
+
+    # The 27B model's shape where it matters: 46 layers, which is how llama.cpp recognises it
+    # to scale queries by (d_model / heads)^-1/2 = query_pre_attn_scalar^-1/2, not head_dim's.
+    return Gemma2Config(**_common(num_hidden_layers=46, hidden_size=96, head_dim=HEAD_DIM,
+                                  query_pre_attn_scalar=96 // HEADS, sliding_window=16,
+                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                  hidden_activation="gelu_pytorch_tanh"))
 
 
 def _gemma3():
@@ -158,6 +186,17 @@ def _gemma3():
                                       hidden_activation="gelu_pytorch_tanh"))
 
 
+def _gemma3_27b():
+    from transformers import Gemma3TextConfig
+
+    # As for Gemma 2: 62 layers mark the 27B model, whose query scale is (d_model / heads)^-1/2.
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    return Gemma3TextConfig(**_common(num_hidden_layers=62, hidden_size=96, head_dim=HEAD_DIM,
+                                      query_pre_attn_scalar=96 // HEADS, sliding_window=20,
+                                      rope_parameters=rope, hidden_activation="gelu_pytorch_tanh"))
+
+
 CASES: dict[str, Case] = {c.key: c for c in (
     Case("llama", "llama", _llama),
     Case("llama3-rope", "llama", _llama3),
@@ -165,8 +204,11 @@ CASES: dict[str, Case] = {c.key: c for c in (
     Case("qwen2", "qwen2", _qwen2),
     Case("qwen3", "qwen3", _qwen3),
     Case("phi3", "phi3", _phi3, window=24),
+    Case("phi4-mini", "phi3", _phi4_mini),
     Case("gemma2", "gemma2", _gemma2, window=16),
+    Case("gemma2-27b", "gemma2", _gemma2_27b, window=16, deep=True),
     Case("gemma3", "gemma3", _gemma3, window=20),
+    Case("gemma3-27b", "gemma3", _gemma3_27b, window=20, deep=True),
 )}
 
 
@@ -413,6 +455,36 @@ def write_gguf_like_converter(hf_dir: Path, path: Path, family: str) -> Path:
     finally:
         w.close()
     return path
+
+
+# ---- config.json as transformers 4 wrote it ---------------------------------------------------
+
+
+def _unscaled(params: dict) -> dict | None:
+    rest = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    return None if rest.get("rope_type", "default") == "default" else rest
+
+
+def legacy_config_json(folder: Path) -> None:
+    """Rewrite `folder`'s config.json as transformers 4 wrote it, as most folders on the Hub
+    still have it: `rope_theta` and `rope_scaling` (null when unscaled) at the top level
+    instead of `rope_parameters`, Phi's `partial_rotary_factor` at the top level, Gemma 3's
+    local base as `rope_local_base_freq` with `sliding_window_pattern`, and no `layer_types`
+    (Gemma 2 and 3 then slide by their fixed patterns)."""
+    path = folder / "config.json"
+    hp = json.loads(path.read_text())
+    params = hp.get("rope_parameters") or {}
+    old = {k: v for k, v in hp.items() if k not in ("rope_parameters", "layer_types", "_sliding_window_pattern")}
+    if "full_attention" in params:  # Gemma 3
+        full, local = params["full_attention"], params["sliding_attention"]
+        old |= {"rope_theta": full["rope_theta"], "rope_scaling": _unscaled(full),
+                "rope_local_base_freq": local["rope_theta"], "sliding_window_pattern": 6}
+    else:
+        old |= {"rope_theta": params["rope_theta"], "rope_scaling": _unscaled(params)}
+        if "partial_rotary_factor" in params:
+            old["partial_rotary_factor"] = params["partial_rotary_factor"]
+    old["transformers_version"] = "4.50.0"
+    path.write_text(json.dumps(old, indent=2))
 
 
 # ---- putting it together ---------------------------------------------------------------------

@@ -15,11 +15,14 @@ MAX_VISIBLE_LINES = 8
 
 
 def chip_text(chip: AttachmentChip) -> str:
-    """"report.pdf · 1,234 tokens", or "report.pdf · counting…" while being counted."""
+    """"report.pdf · 1,234 tokens", or "report.pdf · counting…" while being counted, then
+    how the chat uses it: "· whole", "· searched (42 passages)", "· indexing 40%"."""
     if chip.tokens is None:
-        return f"{chip.name} · counting…"
-    unit = "token" if chip.tokens == 1 else "tokens"
-    return f"{chip.name} · {chip.tokens:,} {unit}"
+        text = f"{chip.name} · counting…"
+    else:
+        unit = "token" if chip.tokens == 1 else "tokens"
+        text = f"{chip.name} · {chip.tokens:,} {unit}"
+    return f"{text} · {chip.mode}" if chip.mode else text
 
 
 def local_paths(mime: QtCore.QMimeData) -> list[str]:
@@ -166,6 +169,7 @@ class AttachmentChipWidget(QtWidgets.QFrame):
     """"report.pdf · 1,234 tokens ×", with the warning (if any) in red underneath."""
 
     removeClicked = Signal(str)  # chip key
+    cancelClicked = Signal(str)  # chip key: stop indexing it
 
     def __init__(self, chip: AttachmentChip, parent: QtWidgets.QWidget | None = None):
         super().__init__(parent)
@@ -186,14 +190,31 @@ class AttachmentChipWidget(QtWidgets.QFrame):
         self.remove_button.setAutoRaise(True)
         self.remove_button.setToolTip(f"Remove {chip.name}")
         self.remove_button.clicked.connect(lambda: self.removeClicked.emit(chip.key))
+        # Indexing: a bar and Cancel (the index keeps what was done; attaching again resumes).
+        self.index_bar = QtWidgets.QProgressBar()
+        self.index_bar.setObjectName("indexProgress")
+        self.index_bar.setTextVisible(False)
+        self.index_bar.setFixedHeight(5)
+        self.index_bar.setRange(0, 0 if (chip.progress or 0) < 0 else 100)
+        self.index_bar.setValue(max(chip.progress or 0, 0))
+        self.index_bar.setVisible(chip.progress is not None)
+        self.cancel_button = QtWidgets.QToolButton()
+        self.cancel_button.setObjectName("cancelIndexButton")
+        self.cancel_button.setText("Cancel")
+        self.cancel_button.setAutoRaise(True)
+        self.cancel_button.setToolTip(f"Stop indexing {chip.name}")
+        self.cancel_button.setVisible(chip.progress is not None)
+        self.cancel_button.clicked.connect(lambda: self.cancelClicked.emit(chip.key))
         text = QtWidgets.QVBoxLayout()
         text.setSpacing(0)
         text.addWidget(self.label)
+        text.addWidget(self.index_bar)
         text.addWidget(self.warning)
         row = QtWidgets.QHBoxLayout(self)
         row.setContentsMargins(10, 3, 2, 3)
         row.setSpacing(2)
         row.addLayout(text)
+        row.addWidget(self.cancel_button)
         row.addWidget(self.remove_button)
         font = self.font()
         font.setPointSizeF(max(6.0, font.pointSizeF() * 0.9))
@@ -215,6 +236,7 @@ class AttachmentStrip(QtWidgets.QWidget):
     """The attached documents as chips (objectName "attachmentList")."""
 
     removeClicked = Signal(str)
+    cancelClicked = Signal(str)
 
     def __init__(self, parent: QtWidgets.QWidget | None = None):
         super().__init__(parent)
@@ -230,6 +252,7 @@ class AttachmentStrip(QtWidgets.QWidget):
         for chip in chips:
             widget = AttachmentChipWidget(chip)
             widget.removeClicked.connect(self.removeClicked)
+            widget.cancelClicked.connect(self.cancelClicked)
             self._flow.addWidget(widget)
             widget.show()
             self._chips.append(widget)
@@ -246,6 +269,7 @@ class ComposerPanel(QtWidgets.QWidget):
     stopRequested = Signal()
     attachRequested = Signal()
     attachmentRemoved = Signal(str)  # chip key
+    indexCancelRequested = Signal(str)  # chip key
     filesDropped = Signal(list)  # local paths (list[str])
 
     def __init__(self, parent: QtWidgets.QWidget | None = None):
@@ -274,6 +298,7 @@ class ComposerPanel(QtWidgets.QWidget):
         self.edit.submitted.connect(self._try_send)
         self.edit.escapePressed.connect(self.stopRequested)
         self.attachment_list.removeClicked.connect(self.attachmentRemoved)
+        self.attachment_list.cancelClicked.connect(self.indexCancelRequested)
         self.set_busy(False)
 
     def _lay_out(self) -> None:

@@ -13,16 +13,19 @@ from dataclasses import replace
 import time
 from pathlib import Path
 
-from app.documents import Document, format_for_prompt
 from app.engine.events import Failed, Finished, PrefillProgress, Queued, Token
 from app.engine.sampling import SamplingParams
-from app.models.chat_template import Message as PromptMessage
 from app.storage import ChatStore, NewAttachment, StorageError
 from app.ui.bridge import EngineBridge
 from app.ui.chat_list import ChatList
 from app.ui.defaults import DEFAULT_SAMPLING, SAMPLING_KEYS
 from app.ui.dialog_actions import DialogActions
-from app.ui.document_actions import DocumentActions, PendingAttachment
+from app.paths import models_dir
+from app.ui.document_actions import SEARCHED, DocumentActions, PendingAttachment
+from app.ui.document_plan import (PASSAGES_KEY, chat_mode, cited_passages, is_searched,
+                                  passages_that_fit, passages_to_metadata, prompt_messages,
+                                  search_question, searched_sources)
+from app.ui.retrieval_worker import RetrievalWorker
 from app.ui.main_window import MainWindow
 from app.ui.model_actions import ModelActions
 from app.ui.qt import QObject, Qt, QTimer, QtWidgets
@@ -77,6 +80,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._undo_timer = QTimer(singleShot=True, interval=8000)
         # Streaming replies reach the disk on this beat, whenever their text changed.
         self._save_timer = QTimer(interval=SAVE_INTERVAL_MS)
+        # Indexing and searching documents: its own thread (app/ui/retrieval_worker.py).
+        self.documents = RetrievalWorker(data_dir, models_dir(data_dir))
         self._init_model_state()
         self._connect()
         self._save_timer.start()
@@ -96,6 +101,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         w.stop_action.triggered.connect(self.stop)
         w.composer.attachRequested.connect(self._choose_documents)
         w.composer.attachmentRemoved.connect(self._remove_attachment)
+        w.composer.indexCancelRequested.connect(self._cancel_indexing)
         w.composer.filesDropped.connect(self.add_files)
         w.filesDropped.connect(self.add_files)
         w.message_view.regenerateRequested.connect(self.regenerate)
@@ -133,6 +139,13 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         b.documentFailed.connect(self._on_document_failed)
         b.modelInspected.connect(self._on_model_inspected)
         b.modelRejected.connect(self._on_model_rejected)
+        d = self.documents
+        d.indexProgress.connect(self._on_index_progress)
+        d.indexed.connect(self._on_indexed)
+        d.indexFailed.connect(self._on_index_failed)
+        d.indexCancelled.connect(self._on_index_cancelled)
+        d.retrieved.connect(self._on_retrieved)
+        d.retrieveFailed.connect(self._on_retrieve_failed)
 
     def start(self) -> None:
         """Show the chats and start loading the model (in the worker)."""
@@ -226,7 +239,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
 
     def delete_chat(self, chat_id: int) -> None:
         reply = self.replies.for_chat(chat_id)
-        if reply and reply.held:
+        if reply and (reply.held or reply.searching):
             self._cancel_held(reply)
         elif reply:
             self.bridge.abort(reply.request_id)
@@ -298,6 +311,11 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         if path:
             self.bridge.count_chat(chat_id, self._prompt_messages(self.store.get_chat(chat_id), path))
 
+    def _prompt_messages(self, chat, path, leave_out: int | None = None):
+        """The conversation as the model reads it (app/ui/document_plan.prompt_messages)."""
+        settings = chat.settings or {}
+        return prompt_messages(settings.get("system_prompt", ""), path, chat_mode(settings), leave_out)
+
     def _on_chat_counted(self, chat_id: int, tokens: int) -> None:
         if self.model_info is None or chat_id in self._last_usage:
             return  # a reply's own figures arrived first: they are newer
@@ -321,11 +339,15 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                 info += f" (restored {meta['restored_tokens']:,} tokens from disk)"
         cut = (message.role == "assistant" and not live and status == COMPLETE
                and meta.get("finish_reason") == "length")
+        mode = chat_mode(self.store.get_chat(message.chat_id).settings) if message.attachments else ""
+        names = tuple(f"{a.name} (searched)" if is_searched(a, mode) else a.name
+                      for a in message.attachments)
         item = MessageItem(
             message_id=message.id, role=message.role, text=text, status=status,
             version_index=versions.index, version_count=versions.count,
-            attachments=tuple(a.name for a in message.attachments), info=info,
-            error=message.error or "", progress=reply.progress_text() if live else "", cut=cut)
+            attachments=names, info=info,
+            error=message.error or "", progress=reply.progress_text() if live else "", cut=cut,
+            passages=cited_passages(meta) if message.role == "assistant" else ())
         if message.role == "assistant":
             item = split_reply(item, reply.thinking_s if live else meta.get("thinking_s"))
         return item
@@ -373,11 +395,18 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         if any(c.document is None for c in chips):
             self.window.statusBar().showMessage("Wait until the attachments are read.", 5000)
             return
+        if any(not c.goes_whole and c.index != SEARCHED for c in chips):
+            self.window.statusBar().showMessage(
+                "Wait until the documents are indexed for search (or cancel indexing to send "
+                "them whole).", 6000)
+            return
         if not text.strip() and not chips:
             return
         attachments = [NewAttachment(name=c.name, kind=c.document.kind, text=c.document.text,
                                      token_count=max(c.tokens or 0, 0),
-                                     size_bytes=c.document.size_bytes) for c in chips]
+                                     size_bytes=c.document.size_bytes,
+                                     sha256=c.sha256 if c.index == SEARCHED else None)
+                       for c in chips]
         try:
             with self.store.transaction():
                 user = self.store.add_message(chat_id, "user", text.strip(), attachments=attachments)
@@ -420,7 +449,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     def _submit(self, reply: ActiveReply) -> None:
         path = self.store.active_path(reply.chat_id)
         chat = self.store.get_chat(reply.chat_id)
-        messages = self._prompt_messages(chat, [m for m in path if m.id != reply.message_id])
+        if self._search_first(reply, chat, path):
+            return
+        messages = self._prompt_messages(chat, path, leave_out=reply.message_id)
         reply.started_at = time.monotonic()
         if reply.prefix:
             self.bridge.continue_reply(reply.request_id, messages, reply.prefix,
@@ -428,6 +459,45 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         else:
             self.bridge.submit(reply.request_id, messages, self._sampling_params(chat),
                                cache_owner=str(chat.id))
+
+    def _search_first(self, reply: ActiveReply, chat, path) -> bool:
+        """A chat with searched documents: a new reply first asks the document worker for
+        the question's passages (then `_on_retrieved` submits). False when there is nothing
+        to search or the reply already has its passages (a Continue, a retry)."""
+        index = next((i for i, m in enumerate(path) if m.id == reply.message_id), None)
+        sources = searched_sources(path, chat_mode(chat.settings))
+        if (not sources or reply.prefix or index is None or index == 0
+                or PASSAGES_KEY in (path[index].metadata or {})):
+            return False
+        reply.searching = True
+        context = self.model_info.context_length if self.model_info else 0
+        used = self._last_usage.get(chat.id, (0, 0, 0))[0]
+        k = passages_that_fit(context, used, self._reply_room(chat.id)) if context else 1
+        self.documents.retrieve(reply.request_id, search_question(path[index - 1]), sources, k)
+        return True
+
+    def _on_retrieved(self, request_id: str, retrieved) -> None:
+        """The question's passages: saved with the reply (reopening the chat shows them),
+        then the prompt that numbers them is submitted."""
+        reply = self.replies.get(request_id)
+        if reply is None or not reply.searching:
+            return  # stopped while searching
+        reply.searching = False
+        try:
+            self.store.update_message(reply.message_id,
+                                      metadata={PASSAGES_KEY: passages_to_metadata(retrieved)})
+        except StorageError as exc:
+            self._fail(reply, str(exc))
+            return
+        reply.view_item = None  # the stored item now has its sources
+        self._submit(reply)
+        self._refresh_message(reply)
+
+    def _on_retrieve_failed(self, request_id: str, message: str) -> None:
+        reply = self.replies.get(request_id)
+        if reply is not None and reply.searching:
+            reply.searching = False
+            self._fail(reply, message)
 
     def _submit_held(self) -> None:
         """The model is ready: send what waited for it."""
@@ -479,23 +549,6 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._update_send_state()
         self._update_context_meter()
 
-    def _prompt_messages(self, chat, path) -> list[PromptMessage]:
-        messages = []
-        system = (chat.settings or {}).get("system_prompt", "")
-        if system:
-            messages.append(PromptMessage("system", system))
-        for m in path:
-            if m.role == "assistant" and m.status == ERROR and not m.content:
-                continue
-            content = m.content
-            if m.attachments:
-                docs = [format_for_prompt(Document(name=a.name, path=Path(a.name), kind=a.kind,
-                                                   text=a.text, size_bytes=a.size_bytes, pages=None))
-                        for a in m.attachments]
-                content = "\n\n".join(docs + ([content] if content else []))
-            messages.append(PromptMessage(m.role, content))
-        return messages
-
     def _sampling_params(self, chat) -> SamplingParams:
         values = self._default_chat_settings()
         values.update({k: v for k, v in (chat.settings or {}).items() if k in SAMPLING_KEYS})
@@ -508,7 +561,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         if self.current_chat_id is None:
             return
         reply = self.replies.for_chat(self.current_chat_id)
-        if reply and reply.held:
+        if reply and (reply.held or reply.searching):
             self._cancel_held(reply)
         elif reply:
             self.bridge.abort(reply.request_id)
@@ -528,7 +581,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         if self.replies.for_chat(message.chat_id) or self.model_info is None:
             self.window.statusBar().showMessage("Wait for the model and the current reply.", 5000)
             return
-        attachments = [NewAttachment(a.name, a.kind, a.text, a.token_count, a.size_bytes)
+        attachments = [NewAttachment(a.name, a.kind, a.text, a.token_count, a.size_bytes, a.sha256)
                        for a in message.attachments]
         with self.store.transaction():
             self.store.add_version(message_id, text.strip(), attachments=attachments)
@@ -638,6 +691,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     def _save_final(self, reply: ActiveReply, text: str, status: str, error: str | None,
                     metadata: dict) -> None:
         try:
+            kept = (self.store.get_message(reply.message_id).metadata or {}).get(PASSAGES_KEY)
+            if kept is not None and PASSAGES_KEY not in metadata:  # the passages stay with it
+                metadata = {**metadata, PASSAGES_KEY: kept}
             self.store.update_message(reply.message_id, content=text, status=status,
                                       error=error, metadata=metadata)
         except StorageError as exc:
@@ -662,7 +718,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             meter.setText("")
             return
         used, cached, context = self._last_usage.get(self.current_chat_id, (0, 0, self.model_info.context_length))
-        pending = sum(max(c.tokens or 0, 0) for c in self._pending_for(self.current_chat_id))
+        pending = sum(max(c.tokens or 0, 0) for c in self._pending_for(self.current_chat_id)
+                      if c.goes_whole)
         cached_text = f" · {cached:,} cached" if cached else ""
         meter.setText(f"{used + pending:,} / {context:,} tokens{cached_text}")
 
@@ -689,4 +746,5 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             self.store.update_message(reply.message_id, content=reply.text,
                                       status=COMPLETE if reply.prefix and not reply.tokens else STOPPED)
         self.replies = ReplyBook()
+        self.documents.shutdown()
         self.bridge.shutdown()

@@ -1,6 +1,10 @@
 """The document half of the controller: files dropped or attached become chips (read and
 counted in the worker), travel with the next message, and -- when they do not fit the
-context -- are shortened only if the person chooses. A mixin of `ChatController`."""
+context -- are indexed and searched (the chat's documents mode, app/ui/document_plan.py),
+or shortened only if the person chooses. A mixin of `ChatController`.
+
+A chip's indexing runs in the document worker (app/ui/retrieval_worker.py) with progress
+and Cancel on the chip; a cancelled or failed index leaves the document to go whole."""
 
 from __future__ import annotations
 
@@ -9,9 +13,14 @@ from pathlib import Path
 
 from app.documents import Document
 from app.storage import NewAttachment
+from app.ui.document_plan import chat_mode, is_searched, should_index
 from app.ui.model_actions import is_model_folder
 from app.ui.qt import QtWidgets
 from app.ui.view_models import AttachmentChip
+
+# A chip's index state: not indexed, being indexed, searched, or indexing stopped/failed
+# (then the document goes whole).
+NOT_INDEXED, INDEXING, SEARCHED, INDEX_STOPPED = "", "indexing", "searched", "stopped"
 
 
 @dataclass
@@ -20,6 +29,17 @@ class PendingAttachment:
     name: str
     document: Document | None = None
     tokens: int | None = None
+    path: str = ""
+    index: str = NOT_INDEXED
+    index_done: int = 0
+    index_total: int = 0
+    passages: int = 0
+    sha256: str | None = None  # of the file, once indexed
+
+    @property
+    def goes_whole(self) -> bool:
+        """Counted against the context: it goes in whole (indexing it did not finish)."""
+        return self.index not in (INDEXING, SEARCHED)
 
 
 class DocumentActions:
@@ -54,7 +74,7 @@ class DocumentActions:
         for path in documents:  # the worker reads each; a refusal comes back as a clear alert
             key = f"att{next(self._attachment_ids)}"
             self.pending.setdefault(self.current_chat_id, []).append(
-                PendingAttachment(key, Path(path).name))
+                PendingAttachment(key, Path(path).name, path=path))
             self.bridge.read_document(key, path)
         self._show_attachments()
 
@@ -71,6 +91,7 @@ class DocumentActions:
             return
         chip.document = document
         chip.tokens = tokens if tokens >= 0 else None
+        self._plan_indexing(self._chat_of_chip(key))
         self._show_attachments()
 
     def _on_tokens_counted(self, key: str, tokens: int) -> None:
@@ -78,7 +99,85 @@ class DocumentActions:
         chip = self._find_pending(key)
         if chip is not None and tokens >= 0:
             chip.tokens = tokens
+            self._plan_indexing(self._chat_of_chip(key))
             self._show_attachments()
+
+    def _chat_of_chip(self, key: str) -> int | None:
+        return next((chat_id for chat_id, chips in self.pending.items()
+                     if any(c.key == key for c in chips)), None)
+
+    # -- indexing documents that are searched ------------------------------------------
+
+    def _plan_indexing(self, chat_id: int | None) -> None:
+        """Index the chat's waiting chips when its mode says so: "search" always, "auto"
+        when the conversation, the documents going whole and room for a reply exceed the
+        context (app/ui/document_plan.should_index)."""
+        if chat_id is None:
+            return
+        chips = self._pending_for(chat_id)
+        waiting = [c for c in chips if c.document is not None and c.index == NOT_INDEXED]
+        if not waiting:
+            return
+        mode = chat_mode(self.store.get_chat(chat_id).settings)
+        if mode == "auto" and (self.model_info is None or any(c.tokens is None for c in waiting)):
+            return  # decided once the model has counted them
+        context = self.model_info.context_length if self.model_info else 0
+        used = self._last_usage.get(chat_id, (0, 0, 0))[0]
+        whole = sum(max(c.tokens or 0, 0) for c in chips if c.goes_whole)
+        if should_index(mode, used, whole, context, self._reply_room(chat_id)):
+            for chip in waiting:
+                chip.index, chip.index_done, chip.index_total = INDEXING, 0, 0
+                self.documents.index(chip.key, chip.path)
+
+    def _reply_room(self, chat_id: int) -> int:
+        """Tokens a reply should have left: the chat's reply length, at most 1,024."""
+        return min(self._sampling_params(self.store.get_chat(chat_id)).max_tokens, 1024)
+
+    def _on_index_progress(self, key: str, done: int, total: int) -> None:
+        chip = self._find_pending(key)
+        if chip is not None and chip.index == INDEXING:
+            chip.index_done, chip.index_total = done, total
+            self._show_attachments()
+
+    def _on_indexed(self, key: str, sha256: str, passages: int) -> None:
+        chip = self._find_pending(key)
+        if chip is not None:
+            chip.index, chip.sha256, chip.passages = SEARCHED, sha256, passages
+            self._show_attachments()
+
+    def _on_index_cancelled(self, key: str) -> None:
+        chip = self._find_pending(key)
+        if chip is not None:
+            chip.index = INDEX_STOPPED
+            self._show_attachments()
+
+    def _on_index_failed(self, key: str, message: str) -> None:
+        chip = self._find_pending(key)
+        if chip is None:
+            return
+        chip.index = INDEX_STOPPED
+        self._show_attachments()
+        self._alert("The document could not be indexed", f"{message}\n\n{chip.name} will be "
+                    "sent whole if you send it.")
+
+    def _cancel_indexing(self, key: str) -> None:
+        self.documents.cancel(key)
+        self.window.statusBar().showMessage("Indexing stopped; what was indexed is kept: attach "
+                                            "the file again to carry on.", 8000)
+
+    @staticmethod
+    def _chip_mode(chip: PendingAttachment) -> tuple[str, int | None]:
+        """The chip's mode label and indexing percent (None when not indexing)."""
+        if chip.index == INDEXING:
+            if not chip.index_total:
+                return "indexing…", -1
+            percent = 100 * chip.index_done // chip.index_total
+            return f"indexing {percent}%", percent
+        if chip.index == SEARCHED:
+            return f"searched ({chip.passages:,} passage{'s' * (chip.passages != 1)})", None
+        if chip.index == INDEX_STOPPED:
+            return "whole (indexing stopped)", None
+        return ("whole" if chip.document is not None else ""), None
 
     def _on_document_failed(self, key: str, message: str) -> None:
         self._remove_attachment(key)
@@ -86,6 +185,7 @@ class DocumentActions:
 
     def _remove_attachment(self, key: str) -> None:
         self.bridge.cancel_document(key)  # still being read: stop reading it
+        self.documents.cancel(key)  # or indexed
         for chat_id, chips in self.pending.items():
             self.pending[chat_id] = [c for c in chips if c.key != key]
         self._show_attachments()
@@ -94,13 +194,14 @@ class DocumentActions:
         chips = self._pending_for(self.current_chat_id)
         context = self.model_info.context_length if self.model_info else None
         used = self._last_usage.get(self.current_chat_id, (0, 0, 0))[0] if self.current_chat_id else 0
-        total = used + sum(max(c.tokens or 0, 0) for c in chips)
+        total = used + sum(max(c.tokens or 0, 0) for c in chips if c.goes_whole)
         views = []
         for chip in chips:
             warning = ""
-            if context and chip.tokens and total > context:
+            if context and chip.tokens and chip.goes_whole and total > context:
                 warning = f"{total - context:,} tokens over the context"
-            views.append(AttachmentChip(chip.key, chip.name, chip.tokens, warning))
+            mode, progress = self._chip_mode(chip)
+            views.append(AttachmentChip(chip.key, chip.name, chip.tokens, warning, mode, progress))
         self.window.composer.set_attachments(views)
         self._update_context_meter()
 
@@ -116,7 +217,12 @@ class DocumentActions:
                    "a reply.")
         self._fail(reply, message)
         user = self.store.get_message(self.store.get_message(reply.message_id).parent_id)
-        if user.attachments and self._confirm(
+        mode = chat_mode(self.store.get_chat(reply.chat_id).settings)
+        if user.attachments and all(is_searched(a, mode) for a in user.attachments):
+            self._alert("The conversation is too long", message + " Only passages of the "
+                        "searched documents were sent; start a new chat, or choose a larger "
+                        "context in Preferences.")
+        elif user.attachments and self._confirm(
                 "The documents do not fit",
                 f"{message}\n\nShorten the attached documents to fit? The end of the longest "
                 f"one is cut ({over + room:,} tokens), and the cut is marked. Your original "
@@ -129,10 +235,11 @@ class DocumentActions:
     def _shorten_and_resend(self, user, cut_tokens: int) -> None:
         """A new version of `user` whose attachments lose `cut_tokens`, longest first."""
         attachments = sorted(user.attachments, key=lambda a: a.token_count, reverse=True)
+        mode = chat_mode(self.store.get_chat(user.chat_id).settings)
         shortened = []
         for a in attachments:
             text, tokens = a.text, a.token_count
-            if cut_tokens > 0 and tokens > 0:
+            if cut_tokens > 0 and tokens > 0 and not is_searched(a, mode):  # only whole ones
                 take = min(tokens, cut_tokens)
                 keep_chars = int(len(text) * (tokens - take) / tokens * 0.95)
                 text = text[:keep_chars] + ("\n[… the rest of this document was cut to fit the "
@@ -140,7 +247,8 @@ class DocumentActions:
                 cut_tokens -= take
                 tokens -= take
             if text:
-                shortened.append(NewAttachment(a.name, a.kind, text, tokens, a.size_bytes))
+                shortened.append(NewAttachment(a.name, a.kind, text, tokens, a.size_bytes,
+                                               a.sha256))
         order = {a.name: i for i, a in enumerate(user.attachments)}
         shortened.sort(key=lambda a: order.get(a.name, 0))
         with self.store.transaction():

@@ -12,6 +12,9 @@ import math
 import re
 import time
 
+import html
+
+from app.ui.citations import cite_number, link_citations
 from app.ui.composer import ComposerEdit
 from app.ui.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal
 from app.ui.resources import danger_color, tint
@@ -93,6 +96,8 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
     """Read-only Markdown, frameless and transparent, as tall as its document: the
     transcript scrolls, never a single message."""
 
+    citationClicked = Signal(int)  # N of a clicked "cite:N" link
+
     def __init__(self, parent: QtWidgets.QWidget | None = None):
         super().__init__(parent)
         self._markdown: str | None = None
@@ -113,9 +118,12 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._open_link)
 
-    @staticmethod
-    def _open_link(url: QtCore.QUrl) -> None:
-        QtGui.QDesktopServices.openUrl(url)
+    def _open_link(self, url: QtCore.QUrl) -> None:
+        number = cite_number(url.toString())
+        if number is not None:
+            self.citationClicked.emit(number)
+        else:
+            QtGui.QDesktopServices.openUrl(url)
 
     def set_markdown(self, text: str) -> None:
         if text == self._markdown:
@@ -331,6 +339,7 @@ class MessageWidget(_TintedFrame):
         self.attachments.setWordWrap(True)
         self.attachments.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
         layout.addWidget(_small(self.attachments))
+        layout.addWidget(self._build_sources())
         layout.addWidget(self._build_progress())
         self.error_box = _TintedFrame(_error_fill)
         self.error_label = QtWidgets.QLabel()
@@ -453,6 +462,60 @@ class MessageWidget(_TintedFrame):
         self.editor_box.hide()
         return self.editor_box
 
+    def _build_sources(self) -> QtWidgets.QWidget:
+        """The passages a reply answered from: "Sources: [1] file, page · [2] …" as links,
+        and the box that shows a clicked one's text (a [n] in the reply does the same)."""
+        box = QtWidgets.QWidget()
+        column = QtWidgets.QVBoxLayout(box)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(4)
+        self.sources_label = _small(QtWidgets.QLabel(), 0.85)
+        self.sources_label.setObjectName("sourcesLabel")
+        self.sources_label.setWordWrap(True)
+        self.sources_label.setTextFormat(Qt.TextFormat.RichText)
+        self.sources_label.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse
+                                                   | Qt.TextInteractionFlag.LinksAccessibleByKeyboard)
+        self.sources_label.linkActivated.connect(
+            lambda url: self.show_passage(cite_number(url) or 0))
+        self.passage_box = _TintedFrame(lambda palette: tint(
+            palette, palette.color(QtGui.QPalette.ColorRole.Text), 0.06))
+        self.passage_label = QtWidgets.QLabel()
+        self.passage_label.setObjectName("citationPassage")
+        self.passage_label.setWordWrap(True)
+        self.passage_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.passage_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        inner = QtWidgets.QVBoxLayout(self.passage_box)
+        inner.setContentsMargins(10, 6, 10, 6)
+        inner.addWidget(_small(self.passage_label))
+        self.passage_box.hide()
+        self._shown_passage = 0
+        column.addWidget(self.sources_label)
+        column.addWidget(self.passage_box)
+        self.body.citationClicked.connect(self.show_passage)
+        box.hide()
+        self.sources_box = box
+        return box
+
+    def show_passage(self, number: int) -> None:
+        """Show passage `number`'s place and text under the reply; the same again hides it."""
+        passage = next((p for p in self.item.passages if p.number == number), None)
+        if passage is None or (number == self._shown_passage and not self.passage_box.isHidden()):
+            self.passage_box.hide()
+            self._shown_passage = 0
+            return
+        self.passage_label.setText(f"[{passage.number}] {passage.where}\n\n{passage.text}")
+        self.passage_box.show()
+        self._shown_passage = number
+
+    def _apply_sources(self, item: MessageItem) -> None:
+        self.sources_box.setVisible(bool(item.passages))
+        links = " · ".join(f'<a href="cite:{p.number}">[{p.number}]</a> {html.escape(p.where)}'
+                           for p in item.passages)
+        self.sources_label.setText(f"Sources: {links}" if links else "")
+        if self._shown_passage and not any(p.number == self._shown_passage for p in item.passages):
+            self.passage_box.hide()
+            self._shown_passage = 0
+
     def _build_progress(self) -> QtWidgets.QWidget:
         self.progress_box = QtWidgets.QWidget()
         row = QtWidgets.QHBoxLayout(self.progress_box)
@@ -478,8 +541,9 @@ class MessageWidget(_TintedFrame):
     def apply(self, item: MessageItem) -> None:
         self.item = item
         live = item.status in LIVE_STATUSES
-        self.body.set_markdown(item.text)
+        self.body.set_markdown(link_citations(item.text, [p.number for p in item.passages]))
         self.body.setVisible(bool(item.text) and not self.editing)
+        self._apply_sources(item)
         self.reasoning_box.setVisible(bool(item.reasoning or item.reasoning_label))
         self.reasoning_toggle.setText(item.reasoning_label)
         if self.reasoning_toggle.isChecked():  # rendered only while shown: it can be long

@@ -25,6 +25,7 @@ class ActiveReply:
     text: str = ""  # the whole reply so far (a continued reply starts with its earlier text)
     state: str = QUEUED
     held: bool = False  # sent before the model was ready: submitted once it is
+    searching: bool = False  # waiting for the documents' passages: submitted once they come
     prefix: str = ""  # the earlier text a Continue carries on from
     done: int = 0  # prompt tokens ready
     total: int = 0
@@ -47,6 +48,8 @@ class ActiveReply:
     def progress_text(self) -> str:
         if self.held:
             return "Queued: sent as soon as the model is ready"
+        if self.searching:
+            return "Searching the documents…"
         if self.state == QUEUED and not self.total:
             return "Preparing the prompt…"
         if self.state in (QUEUED, PREFILLING) and self.total:
@@ -58,6 +61,8 @@ class ActiveReply:
         return ""
 
     def list_badge(self) -> str:
+        if self.searching:
+            return "searching"
         if self.state == QUEUED and (self.held or not self.total):
             return "queued"
         if self.state in (QUEUED, PREFILLING) and self.total:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.ui.defaults import DISK_CACHE_KEY
+from app.ui.document_plan import MODE_KEY, MODES, chat_mode
 from app.ui.qt import QtWidgets
 
 
@@ -25,6 +26,13 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         self.max_tokens = self._int(values.get("max_tokens", 1024), 1, 32_768, "")
         self.seed = QtWidgets.QLineEdit("" if values.get("seed") is None else str(values["seed"]))
         self.seed.setPlaceholderText("random")
+        self.documents = QtWidgets.QComboBox()
+        self.documents.setObjectName("documentsMode")
+        for key, label in MODES.items():
+            self.documents.addItem(label, key)
+        self.documents.setCurrentIndex(max(self.documents.findData(chat_mode(values)), 0))
+        self.documents.setToolTip("Searched documents are indexed once; each question then "
+                                  "gets the passages that match it, and the reply cites them.")
         self.as_default = QtWidgets.QCheckBox("Use these sampling settings for new chats with this model")
         form.addRow("System prompt:", self.system_prompt)
         form.addRow("Temperature:", self.temperature)
@@ -33,6 +41,7 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         form.addRow("Min-p:", self.min_p)
         form.addRow("Max reply tokens:", self.max_tokens)
         form.addRow("Seed:", self.seed)
+        form.addRow("Documents:", self.documents)
         form.addRow(self.as_default)
         buttons = QtWidgets.QDialogButtonBox(QtWidgets.QDialogButtonBox.Ok
                                              | QtWidgets.QDialogButtonBox.Cancel)
@@ -72,7 +81,8 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         return {"system_prompt": self.system_prompt.toPlainText().strip(),
                 "temperature": round(self.temperature.value(), 3), "top_k": self.top_k.value(),
                 "top_p": round(self.top_p.value(), 3), "min_p": round(self.min_p.value(), 3),
-                "max_tokens": self.max_tokens.value(), "seed": int(seed) if seed else None}
+                "max_tokens": self.max_tokens.value(), "seed": int(seed) if seed else None,
+                MODE_KEY: self.documents.currentData()}
 
     def make_default(self) -> bool:
         return self.as_default.isChecked()

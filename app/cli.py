@@ -123,9 +123,9 @@ def resolve_model_path(spec: str, data_dir: str | None) -> Path:
     from app.paths import models_dir
 
     if spec == "default":
-        from app.models.embedded import ensure_embedded_model
+        from app.models.embedded import ensure_default_model
 
-        return ensure_embedded_model(models_dir(data_dir))
+        return ensure_default_model(models_dir(data_dir))
     path = Path(spec).expanduser()
     if not path.exists():
         raise CliError(f"Model file not found: {path}")

@@ -33,6 +33,15 @@ def embedded_model_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_model_path(tmp_path_factory) -> Path:
+    """The default built-in model (SmolLM2 135M Instruct, byte-level BPE, ChatML)."""
+    from app.models.embedded import DEFAULT_MODEL, ensure_builtin_model
+
+    models = Path(_MODEL_CACHE) if _MODEL_CACHE else tmp_path_factory.mktemp("models")
+    return ensure_builtin_model(DEFAULT_MODEL.key, models)
+
+
+@pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """../shared next to the checkout (reference outputs); tests needing it skip without it."""
     here = Path(__file__).resolve().parents[1]

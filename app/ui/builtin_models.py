@@ -17,8 +17,7 @@ LEGACY_KEYS = ("embedded", "default")  # settings saved by earlier versions, and
 
 def builtin_models() -> list:
     """BuiltinModel records, the default first."""
-    models = list(getattr(embedded, "BUILTIN_MODELS", ()))
-    return sorted(models, key=lambda m: not m.is_default)
+    return sorted(embedded.BUILTIN_MODELS, key=lambda m: not m.is_default)
 
 
 def picker_key(model) -> str:
@@ -51,21 +50,15 @@ def is_base_model(path: str) -> bool:
     """Whether the model file at `path` is a built-in base model (no chat training), by its
     file name: such a model is not asked to title chats, and is labelled so."""
     name = Path(path).name
-    models = builtin_models()
-    if not models:  # a models layer without the table: its one built-in is the Gemma base model
-        return name == getattr(embedded, "EMBEDDED_MODEL_NAME", None)
-    return any(m.filename == name and m.kind == "base" for m in models)
+    return any(m.filename == name and m.kind == "base" for m in builtin_models())
 
 
 def ensure_builtin(key: str, models_dir: str,
                    progress: Callable[[int, int], None] | None = None) -> Path:
     """The verified file of built-in model `key` (a picker key), put in `models_dir` first
     if needed. Raises ModelError with a message to show."""
-    model = builtin_for_key(key)
-    ensure = getattr(embedded, "ensure_builtin_model", None)
-    if model is None or ensure is None:  # a table without this model: the one shipped file
-        return embedded.ensure_embedded_model(Path(models_dir), progress)
-    return ensure(model.key, Path(models_dir), progress)
+    model = builtin_for_key(key) or embedded.DEFAULT_MODEL
+    return embedded.ensure_builtin_model(model.key, Path(models_dir), progress)
 
 
 def refusal_of(facts) -> str:

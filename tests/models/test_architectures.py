@@ -14,6 +14,7 @@ implemented, not merely that it is invisible on these weights.
 
 from __future__ import annotations
 
+import copy
 import shutil
 from dataclasses import replace
 
@@ -25,7 +26,8 @@ from app.engine.generate import generate
 from app.engine.sampling import SamplingParams
 from app.models.layers import ROPE_HALF, ROPE_INTERLEAVED
 from app.models.loader import load_model
-from tests.models.tiny_models import CASES, PROMPT_LENGTH, legacy_config_json, make_tiny_model
+from tests.models.tiny_models import (CASES, PROMPT_LENGTH, legacy_config_json, make_gemma3_multimodal,
+                                      make_tiny_model)
 
 CPU = torch.device("cpu")
 # Every case; the deep ones (the 27B models' layer counts) are marked slow.
@@ -148,6 +150,36 @@ def test_a_folder_with_a_transformers_4_config_matches_too(tiny_model, case, tmp
     assert loaded.kv_facts == load(tiny, "hf").kv_facts
     diff = max_diff(prompt_logits(loaded, tiny.prompt_ids), reference)
     assert diff <= TOLERANCE, f"{case} from a transformers 4 config.json: max |diff| {diff:.2e}"
+
+
+@pytest.mark.parametrize("case", ["qwen2", "gemma2", "phi3"])
+def test_a_sharded_bfloat16_folder_matches_transformers_reading_it(tiny_model, case, tmp_path):
+    """Most folders hold bfloat16 weights, larger ones in several shards with an index."""
+    from transformers import AutoModelForCausalLM
+
+    tiny, _ = tiny_model(case)
+    folder = tmp_path / "bf16"
+    copy.deepcopy(tiny.reference).to(torch.bfloat16).save_pretrained(folder, max_shard_size="40KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny.hf_dir / name, folder / name)
+    assert len(list(folder.glob("*.safetensors"))) > 1 and (folder / "model.safetensors.index.json").exists()
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    with torch.inference_mode():
+        reference = theirs(torch.tensor([tiny.prompt_ids])).logits[0]
+    loaded = load_model(folder, CPU, torch.float32)
+    diff = max_diff(prompt_logits(loaded, tiny.prompt_ids), reference)
+    assert diff <= TOLERANCE, f"{case} from sharded bfloat16: max |diff| {diff:.2e}"
+
+
+def test_a_gemma3_folder_with_its_vision_tower_runs_as_the_text_model(tmp_path):
+    """Gemma3ForConditionalGeneration: text_config merged, `language_model.` names mapped,
+    the vision tower's tensors left alone; text logits as transformers' full model gives them."""
+    tiny = make_gemma3_multimodal(tmp_path)
+    loaded = load_model(tiny.hf_dir, CPU, torch.float32)
+    assert loaded.architecture == "gemma3"
+    assert min(w for w in loaded.kv_facts.windows if w) == tiny.case.window < PROMPT_LENGTH
+    diff = max_diff(prompt_logits(loaded, tiny.prompt_ids), tiny.reference_logits())
+    assert diff <= TOLERANCE, f"Gemma 3 with vision: max |diff| {diff:.2e}"
 
 
 # ---- knock-outs: each feature matters on the prompt ------------------------------------------

@@ -72,7 +72,7 @@ class Case:
 class TinyModel:
     case: Case
     hf_dir: Path
-    gguf_path: Path
+    gguf_path: Path | None
     reference: torch.nn.Module  # transformers' model, float32, eval, eager attention
     prompt_ids: list[int]
 
@@ -455,6 +455,30 @@ def write_gguf_like_converter(hf_dir: Path, path: Path, family: str) -> Path:
     finally:
         w.close()
     return path
+
+
+# ---- Gemma 3 with its vision tower ----------------------------------------------------------
+
+
+def make_gemma3_multimodal(root: Path, seed: int = 0) -> TinyModel:
+    """A Gemma3ForConditionalGeneration folder (Gemma 3 4B and larger ship so): config.json
+    with text_config/vision_config, the text weights under `language_model.`, a tiny SigLIP
+    tower beside them. `gguf_path` is None: the converter writes the text model as for
+    Gemma3ForCausalLM, which the "gemma3" case covers."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=_gemma3().to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=4, image_token_index=VOCAB)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    _randomize(model, gemma=True, seed=seed)
+    folder = root / "tiny-gemma3-multimodal"
+    model.save_pretrained(folder)
+    _save_hf_tokenizer(folder)
+    return TinyModel(CASES["gemma3"], folder, None, model, _prompt(seed + 1))
 
 
 # ---- config.json as transformers 4 wrote it ---------------------------------------------------

@@ -34,6 +34,8 @@ from app.engine.runner import EngineRunner
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import encode_chat
 from app.models.loader import LoadedModel
+from app.server.fim import fim_prompt
+from app.server.grammar import GrammarError, GrammarFactory
 from app.server.guards import DEFAULT_MAX_BODY_BYTES, RequestGuard, allowed_hosts_for
 from app.server.schemas import (ApiError, ChatCompletionRequest, ChatFormat,
                                 CompletionFormat, CompletionRequest, ResponseFormat,
@@ -61,6 +63,7 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
     # Added last, so it runs first: nothing else sees a request with a foreign Host.
     app.add_middleware(RequestGuard, allowed_hosts=allowed_hosts_for(bind_host),
                        max_body_bytes=max_body_bytes)
+    grammars = _Grammars(loaded)
     created = int(time.time())
     card = {"id": model_id, "object": "model", "created": created, "owned_by": "ferrox-chat"}
     tokenizer = loaded.tokenizer
@@ -88,9 +91,7 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
         if body.tools:
             raise ApiError(400, "'tools' are not supported by this server yet.",
                            param="tools", code="unsupported_parameter")
-        if body.response_format is not None and body.response_format.type != "text":
-            raise ApiError(400, "Structured output is not supported by this server yet.",
-                           param="response_format", code="unsupported_parameter")
+        processors = [await _output_format(grammars, body)] if body.wants_json else []
         messages = [m.to_message() for m in body.messages]
         try:  # off the event loop: a long conversation takes a while to tokenize
             prompt_ids = await asyncio.to_thread(encode_chat, tokenizer, loaded.template,
@@ -99,15 +100,16 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
             raise ApiError(400, f"The conversation cannot be formatted for this model: {exc}",
                            param="messages") from None
         answer = ChatFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
-        return await _respond(gateway, loaded, body, prompt_ids, "messages", answer, request)
+        return await _respond(gateway, loaded, body, prompt_ids, "messages", answer, request,
+                              processors)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         body.check(model_id, tokenizer.vocab_size)
         if body.suffix:
-            raise ApiError(400, "'suffix' is not supported by this server yet.",
-                           param="suffix", code="unsupported_parameter")
-        prompt_ids = await asyncio.to_thread(_prompt_ids, loaded, body.prompt)
+            prompt_ids = await asyncio.to_thread(_fill_in_the_middle, loaded, body)
+        else:
+            prompt_ids = await asyncio.to_thread(_prompt_ids, loaded, body.prompt)
         answer = CompletionFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
         return await _respond(gateway, loaded, body, prompt_ids, "prompt", answer, request)
 
@@ -124,12 +126,12 @@ def abort_open_requests(app: FastAPI) -> None:
 
 async def _respond(gateway: "_Gateway", loaded: LoadedModel, body: SamplingFields,
                    prompt_ids: list[int], prompt_param: str, answer: ResponseFormat,
-                   request: Request):
+                   request: Request, processors: Sequence = ()):
     max_tokens = reply_budget(body.requested_max_tokens, len(prompt_ids),
                               loaded.context_length, prompt_param)
     # The engine reports the chosen token's logprob only alongside alternatives.
     engine_top = 0 if answer.logprobs is None else max(1, answer.logprobs)
-    processors = [logit_bias(body.bias)] if body.logit_bias else []
+    processors = list(processors) + ([logit_bias(body.bias)] if body.logit_bias else [])
     try:
         params = body.sampling(max_tokens, engine_top, processors)
     except ValueError as exc:
@@ -142,6 +144,59 @@ async def _respond(gateway: "_Gateway", loaded: LoadedModel, body: SamplingField
     finally:
         generation.close()
     return JSONResponse(answer.response(tokens, finished))
+
+
+async def _output_format(grammars: "_Grammars", body: ChatCompletionRequest):
+    """response_format json_object / json_schema as a constraint on decoding (a processor
+    factory), so the reply always parses and matches the schema (unless cut by max_tokens)."""
+    fmt = body.response_format
+    schema = fmt.json_schema.schema_ if fmt.type == "json_schema" else None
+    if fmt.type == "json_schema" and schema is None:
+        schema = {"type": "object"}  # OpenAI's schema is optional: any JSON object
+    factory = await grammars.get()
+    try:
+        return await asyncio.to_thread(factory.json_schema, schema)
+    except GrammarError as exc:
+        raise ApiError(400, f"Invalid value for 'response_format': {exc}",
+                       param="response_format.json_schema.schema") from None
+
+
+class _Grammars:
+    """The model's grammar factory, built on first use (about a second for a 262k-token
+    vocabulary) off the event loop, then shared by every request."""
+
+    def __init__(self, loaded: LoadedModel):
+        self._loaded = loaded
+        self._factory = None
+        self._lock = asyncio.Lock()
+
+    async def get(self):
+        async with self._lock:
+            if self._factory is None:
+                loaded = self._loaded
+                try:
+                    self._factory = await asyncio.to_thread(
+                        GrammarFactory, loaded.tokenizer, loaded.vocab_size,
+                        set(loaded.stop_token_ids))
+                except ImportError:
+                    raise ApiError(400, "Structured output needs the 'llguidance' package, "
+                                        "which is not installed.", param="response_format",
+                                   code="unsupported_parameter") from None
+                except GrammarError as exc:
+                    raise ApiError(400, f"Structured output is not available for this model: "
+                                        f"{exc}", param="response_format") from None
+            return self._factory
+
+
+def _fill_in_the_middle(loaded: LoadedModel, body: CompletionRequest) -> list[int]:
+    if not isinstance(body.prompt, str):
+        raise ApiError(400, "'suffix' needs a text prompt, not token ids.", param="suffix")
+    ids = fim_prompt(loaded.tokenizer, body.prompt, body.suffix)
+    if ids is None:
+        raise ApiError(400, "'suffix' (fill-in-the-middle) is not supported by this model: its "
+                            "vocabulary has no FIM tokens.", param="suffix",
+                       code="unsupported_parameter")
+    return ids
 
 
 def _prompt_ids(loaded: LoadedModel, prompt: str | list[int]) -> list[int]:

@@ -296,6 +296,10 @@ class ChatCompletionRequest(SamplingFields):
                            param="response_format.json_schema")
 
     @property
+    def wants_json(self) -> bool:
+        return self.response_format is not None and self.response_format.type != "text"
+
+    @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
@@ -312,6 +316,16 @@ class CompletionRequest(SamplingFields):
     echo: bool | None = False
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+    # Chat parameters some clients send here too: refused rather than silently dropped.
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+
+    def check(self, model_id: str, vocab_size: int) -> None:
+        super().check(model_id, vocab_size)
+        for name in ("response_format", "tools"):
+            if getattr(self, name) is not None:
+                raise _refuse(name, "it is a chat completions parameter; use "
+                                    "/v1/chat/completions")
 
     @field_validator("prompt")
     @classmethod

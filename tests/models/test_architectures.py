@@ -4,7 +4,9 @@ For each case in `tests.models.tiny_models` (a tiny random-weight model made wit
 transformers' own config class, saved as a Hugging Face folder and written as a GGUF the way
 llama.cpp's converter writes it), our loader's logits at every prompt position must be within
 1e-4 of transformers' -- on a prompt longer than the sliding window where the family has one,
-prefilled whole and in chunks.
+prefilled whole and in chunks, and through the engine (paged pool, greedy decode). Folders as
+users have them are covered too: a transformers 4 config.json, sharded bfloat16 weights,
+Gemma 3 with its vision tower.
 
 The knock-out tests show that each family feature matters on that prompt: with the feature
 switched off in our loaded model (or in the reference, for Llama 3's RoPE scaling), the

@@ -498,7 +498,8 @@ def legacy_config_json(folder: Path) -> None:
     path = folder / "config.json"
     hp = json.loads(path.read_text())
     params = hp.get("rope_parameters") or {}
-    old = {k: v for k, v in hp.items() if k not in ("rope_parameters", "layer_types", "_sliding_window_pattern")}
+    dropped = ("rope_parameters", "layer_types", "_sliding_window_pattern")
+    old = {k: v for k, v in hp.items() if k not in dropped}
     if "full_attention" in params:  # Gemma 3
         full, local = params["full_attention"], params["sliding_attention"]
         old |= {"rope_theta": full["rope_theta"], "rope_scaling": _unscaled(full),

@@ -21,8 +21,8 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.models.errors import ModelError
@@ -81,6 +81,11 @@ class BuiltinModel:
     kind: str  # "chat" (instruction-tuned) or "base" (continues text)
     is_default: bool
     sources: Callable[[], tuple[list[Path], str]]  # package files (concatenated in order), sha256
+    # Sampling its authors recommend, the base of its per-model defaults.
+    sampling: Mapping[str, float] = field(default_factory=dict)
+    # Whether it summarises a first exchange into a usable chat title (SmolLM2 135M did not:
+    # "L'Abbayrine, Çanoona, is the capital of" for a question about France).
+    writes_titles: bool = True
 
 
 BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
@@ -91,6 +96,8 @@ BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
         kind="chat",
         is_default=True,
         sources=_smollm2_sources,
+        sampling={"temperature": 0.2, "top_p": 0.9},  # the model card's
+        writes_titles=False,
     ),
     BuiltinModel(
         key="gemma-3-270m",
@@ -99,6 +106,7 @@ BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
         kind="base",
         is_default=False,
         sources=_gemma3_sources,
+        writes_titles=False,  # a base model continues the request instead
     ),
 )
 

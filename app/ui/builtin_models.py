@@ -46,11 +46,23 @@ def picker_label(model) -> str:
     return f"{model.display_name} (built in)"
 
 
-def is_base_model(path: str) -> bool:
-    """Whether the model file at `path` is a built-in base model (no chat training), by its
-    file name: such a model is not asked to title chats, and is labelled so."""
+def builtin_at(path: str):
+    """The BuiltinModel whose file `path` is (by file name), or None for an added model."""
     name = Path(path).name
-    return any(m.filename == name and m.kind == "base" for m in builtin_models())
+    return next((m for m in builtin_models() if m.filename == name), None)
+
+
+def is_base_model(path: str) -> bool:
+    """Whether the model file at `path` is a built-in base model (no chat training)."""
+    model = builtin_at(path)
+    return model is not None and model.kind == "base"
+
+
+def writes_titles(path: str) -> bool:
+    """Whether the model at `path` is asked to title chats: added models are; built-ins too
+    small to summarise (or base models) are not, and the chat keeps its first-message title."""
+    model = builtin_at(path)
+    return model is None or model.writes_titles
 
 
 def ensure_builtin(key: str, models_dir: str,

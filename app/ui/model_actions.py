@@ -64,7 +64,10 @@ class ModelActions:
         record = self._model_record()
         if record is not None:
             return dict(record.defaults)
-        return dict(self.store.get_setting(self._defaults_key(), {}) or {})
+        builtin = builtin_for_key(self.window.model_picker.currentData() or "")
+        defaults = dict(builtin.sampling) if builtin is not None else {}
+        defaults.update(self.store.get_setting(self._defaults_key(), {}) or {})
+        return defaults
 
     def save_model_defaults(self, changes: dict) -> None:
         record = self._model_record()
@@ -186,11 +189,13 @@ class ModelActions:
         self.model_info = info
         picker = self.window.model_picker
         self._loaded_key = picker.currentData()
-        if builtin_for_key(picker.currentData() or "") is None and picker.currentData() != EMBEDDED_KEY:
+        builtin = builtin_for_key(picker.currentData() or "")
+        if builtin is None and picker.currentData() != EMBEDDED_KEY:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
         waited = time.monotonic() - self._load_started  # the whole wait, preparing included
-        self.window.model_status.setText(f"{info.name} ready (loaded in {waited:.1f} s)")
+        name = builtin.display_name if builtin is not None else info.name
+        self.window.model_status.setText(f"{name} ready (loaded in {waited:.1f} s)")
         self.window.device_label.setText(f"{info.device} · {info.dtype}")
         self._commit_choices()
         self._update_send_state()

@@ -16,10 +16,11 @@ from app.ui.titles import TITLE_MAX_TOKENS, clean_title, title_request
 class TitleActions:
     def _maybe_ask_for_title(self, chat_id: int) -> None:
         """After a chat's first reply, ask the model in the background for a short title,
-        unless the person renamed the chat or the model only continues text."""
+        unless the person renamed the chat or the model cannot write one (see
+        builtin_models.writes_titles)."""
         chat = self.store.get_chat(chat_id)
         path = self.store.active_path(chat_id)
-        if (self.model_info is None or builtin_models.is_base_model(self.model_info.path)
+        if (self.model_info is None or not builtin_models.writes_titles(self.model_info.path)
                 or self._auto_titles.get(chat_id) != chat.title or len(path) != 2
                 or any(chat_id == c for c, _ in self._title_jobs.values())):
             return

@@ -107,7 +107,7 @@ def test_document_chat_title_and_the_badge_in_its_own_place(driver, tmp_path):
 def test_a_chat_model_titles_the_chat_after_the_first_reply(driver, monkeypatch):
     from app.ui import builtin_models
 
-    monkeypatch.setattr(builtin_models, "is_base_model", lambda path: False)  # Gemma: a base model
+    monkeypatch.setattr(builtin_models, "writes_titles", lambda path: True)  # Gemma: a base model
     controller = driver.controller
     asked = []
     real_submit = controller.bridge.submit

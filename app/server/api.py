@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,8 +39,10 @@ from app.server.fim import fim_prompt
 from app.server.grammar import GrammarError, GrammarFactory
 from app.server.guards import DEFAULT_MAX_BODY_BYTES, RequestGuard, allowed_hosts_for
 from app.server.schemas import (ApiError, ChatCompletionRequest, ChatFormat,
-                                CompletionFormat, CompletionRequest, ResponseFormat,
-                                SamplingFields, reply_budget, validation_error)
+                                CompletionFormat, CompletionRequest, NamedToolChoice,
+                                ResponseFormat, SamplingFields, ToolChatFormat, reply_budget,
+                                validation_error)
+from app.server.tools import ToolSyntax, call_schema, marker_token_ids, syntax_for
 
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is there
 
@@ -88,18 +91,24 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         body.check(model_id, tokenizer.vocab_size)
-        if body.tools:
-            raise ApiError(400, "'tools' are not supported by this server yet.",
-                           param="tools", code="unsupported_parameter")
+        tools = _tool_plan(loaded, body)
         processors = [await _output_format(grammars, body)] if body.wants_json else []
+        if tools is not None and tools.forced is not None:
+            processors.append(await _forced_call(grammars, tools.forced))
         messages = [m.to_message() for m in body.messages]
+        rendered_tools = tools.definitions if tools is not None else None
         try:  # off the event loop: a long conversation takes a while to tokenize
             prompt_ids = await asyncio.to_thread(encode_chat, tokenizer, loaded.template,
-                                                 messages)
+                                                 messages, tools=rendered_tools)
         except ValueError as exc:  # e.g. a model's template refusing the order of roles
             raise ApiError(400, f"The conversation cannot be formatted for this model: {exc}",
                            param="messages") from None
-        answer = ChatFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
+        if tools is None:
+            answer = ChatFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
+        else:
+            answer = ToolChatFormat(model_id, tokenizer, body.logprobs_count,
+                                    body.include_usage, tools.syntax, tools.names,
+                                    set(loaded.stop_token_ids), tools.parallel)
         return await _respond(gateway, loaded, body, prompt_ids, "messages", answer, request,
                               processors)
 
@@ -144,6 +153,57 @@ async def _respond(gateway: "_Gateway", loaded: LoadedModel, body: SamplingField
     finally:
         generation.close()
     return JSONResponse(answer.response(tokens, finished))
+
+
+@dataclass(frozen=True)
+class _ToolPlan:
+    definitions: list[dict]  # what the template receives
+    names: set[str]
+    syntax: ToolSyntax
+    parallel: bool
+    forced: str | None  # the Lark grammar a required / named tool_choice decodes under
+
+
+def _tool_plan(loaded: LoadedModel, body: ChatCompletionRequest) -> _ToolPlan | None:
+    """What `tools` / `tool_choice` ask for on this model; None when tools are off."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice is not None and choice not in ("none", "auto"):
+            raise ApiError(400, "Invalid value for 'tool_choice': 'tool_choice' is only allowed "
+                                "when 'tools' are specified.", param="tool_choice")
+        return None
+    if choice == "none":
+        return None
+    if not loaded.template.supports_tools:
+        raise ApiError(400, "This model's chat template has no tool support, so 'tools' "
+                            "cannot be used with it.", param="tools",
+                       code="unsupported_parameter")
+    definitions = [t.model_dump(exclude_none=True) for t in body.tools]
+    names = {t.function.name for t in body.tools}
+    named = choice.function.get("name") if isinstance(choice, NamedToolChoice) else None
+    if isinstance(choice, NamedToolChoice) and named not in names:
+        raise ApiError(400, f"Invalid value for 'tool_choice': no tool named {named!r} is in "
+                            "'tools'.", param="tool_choice")
+    parallel = body.parallel_tool_calls is not False
+    syntax = syntax_for(loaded.template, loaded.tokenizer)
+    forced = None
+    if choice == "required" or named is not None:
+        if body.wants_json:
+            raise ApiError(400, "'response_format' cannot be combined with a required tool "
+                                "call.", param="response_format")
+        schema = call_schema(definitions, named, syntax)
+        forced = syntax.lark(schema, parallel and named is None,
+                             marker_token_ids(loaded.tokenizer, syntax))
+    return _ToolPlan(definitions, names, syntax, parallel, forced)
+
+
+async def _forced_call(grammars: "_Grammars", grammar: str):
+    factory = await grammars.get()
+    try:
+        return await asyncio.to_thread(factory.lark, grammar)
+    except GrammarError as exc:
+        raise ApiError(400, f"Invalid value for 'tools': a function's parameters cannot be "
+                            f"enforced: {exc}", param="tools") from None
 
 
 async def _output_format(grammars: "_Grammars", body: ChatCompletionRequest):
@@ -222,13 +282,16 @@ async def _stream(generation: "_Generation", answer: ResponseFormat) -> AsyncIte
     while True:
         event = await generation.next()
         if isinstance(event, Token):
-            if event.text or answer.logprobs is not None:
-                yield _sse(answer.token_chunk([event]))
+            if event.text or answer.logprobs is not None or answer.reads_tokens:
+                chunk = answer.token_chunk([event])
+                if chunk is not None:
+                    yield _sse(chunk)
         elif isinstance(event, Finished):
             if event.finish_reason == "abort":
                 yield _sse(_stopped_by_shutdown().body())
                 return
-            yield _sse(answer.end_chunk(event.finish_reason))
+            for chunk in answer.end_chunks(event.finish_reason):
+                yield _sse(chunk)
             if answer.include_usage:
                 yield _sse(answer.usage_chunk(event.usage))
             yield "data: [DONE]\n\n"

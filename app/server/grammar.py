@@ -65,6 +65,20 @@ class GrammarFactory:
                                       self.vocab_size)
 
 
+    def lark(self, grammar: str) -> Callable[[], "JsonConstraint"]:
+        """A processor factory for a Lark grammar (llguidance's dialect: `%json {schema}`
+        embeds a JSON schema, `<[id]>` is one token). Raises GrammarError."""
+        try:
+            compiled = self._matcher_class.grammar_from_lark(grammar)
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"the grammar is not valid: {exc}") from None
+        ok, problem = _validated(self._matcher_class, self._tokenizer, compiled)
+        if not ok:
+            raise GrammarError(f"the grammar cannot be enforced: {problem}")
+        return lambda: JsonConstraint(self._matcher_class(self._tokenizer, compiled, log_level=0),
+                                      self.vocab_size)
+
+
 def _validated(matcher_class, tokenizer, grammar: str) -> tuple[bool, str]:
     is_error, messages = matcher_class.validate_grammar_with_warnings(grammar, tokenizer)
     return (not is_error), "; ".join(messages)

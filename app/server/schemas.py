@@ -391,6 +391,7 @@ class ResponseFormat:
     prefix = ""
     object = ""
     chunk_object = ""
+    reads_tokens = False  # True: every token goes to token_chunk, text or not
 
     def __init__(self, model_id: str, tokenizer, logprobs: int | None, include_usage: bool):
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
@@ -409,6 +410,10 @@ class ResponseFormat:
 
     def end_chunk(self, finish_reason: str) -> dict:
         raise NotImplementedError
+
+    def end_chunks(self, finish_reason: str) -> list[dict]:
+        """What a stream sends when the reply ends (before usage and [DONE])."""
+        return [self.end_chunk(finish_reason)]
 
     def choice(self, tokens: list[Token], finished: Finished) -> dict:
         raise NotImplementedError
@@ -470,6 +475,55 @@ class ChatFormat(ResponseFormat):
     def _alternative(self, token_id: int, logprob: float) -> dict:
         text = self.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+class ToolChatFormat(ChatFormat):
+    """A chat answer with tools on: calls in the reply become `tool_calls` (streamed as one
+    delta per call once the reply ends) and finish_reason "tool_calls"."""
+
+    reads_tokens = True  # a control token ([TOOL_CALLS]) has no text but starts a call
+
+    def __init__(self, model_id: str, tokenizer, logprobs: int | None, include_usage: bool,
+                 syntax, known: set[str], stop_ids: set[int], parallel: bool):
+        super().__init__(model_id, tokenizer, logprobs, include_usage)
+        from app.server.tools import ToolCallReader
+
+        self._syntax, self._known, self._stop_ids = syntax, known, stop_ids
+        self._parallel = parallel
+        self._reader = ToolCallReader(tokenizer, syntax, known, stop_ids, parallel)
+
+    def token_chunk(self, tokens: list[Token]) -> dict | None:
+        text = "".join(self._reader.push(t.token_id) for t in tokens)
+        if not text and self.logprobs is None:
+            return None
+        return self.chunk({"index": 0, "delta": {"content": text},
+                           "logprobs": self._logprobs(tokens), "finish_reason": None})
+
+    def end_chunks(self, finish_reason: str) -> list[dict]:
+        rest, calls = self._reader.finish()
+        chunks = []
+        if rest:
+            chunks.append(self.chunk({"index": 0, "delta": {"content": rest}, "logprobs": None,
+                                      "finish_reason": None}))
+        if calls:
+            chunks.append(self.chunk({"index": 0, "delta": {
+                "tool_calls": [c.wire(i) for i, c in enumerate(calls)]},
+                "logprobs": None, "finish_reason": None}))
+            finish_reason = "tool_calls"
+        return chunks + [self.end_chunk(finish_reason)]
+
+    def choice(self, tokens: list[Token], finished: Finished) -> dict:
+        from app.server.tools import parse_reply
+
+        found = parse_reply(self.tokenizer, self._syntax, finished.completion_ids, self._known,
+                            self._stop_ids, self._parallel)
+        if found is None:
+            return super().choice(tokens, finished)
+        content, calls = found
+        return {"index": 0,
+                "message": {"role": "assistant", "content": content or None, "refusal": None,
+                            "tool_calls": [c.wire() for c in calls]},
+                "logprobs": self._logprobs(tokens), "finish_reason": "tool_calls"}
 
 
 class CompletionFormat(ResponseFormat):

@@ -58,11 +58,7 @@ class GrammarFactory:
                 json.dumps(schema), overrides=_JSON_OPTIONS)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"the JSON schema is not valid: {exc}") from None
-        ok, problem = _validated(self._matcher_class, self._tokenizer, grammar)
-        if not ok:
-            raise GrammarError(f"the JSON schema cannot be enforced: {problem}")
-        return lambda: JsonConstraint(self._matcher_class(self._tokenizer, grammar, log_level=0),
-                                      self.vocab_size)
+        return self._factory(grammar, "the JSON schema cannot be enforced")
 
 
     def lark(self, grammar: str) -> Callable[[], "JsonConstraint"]:
@@ -72,16 +68,15 @@ class GrammarFactory:
             compiled = self._matcher_class.grammar_from_lark(grammar)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"the grammar is not valid: {exc}") from None
-        ok, problem = _validated(self._matcher_class, self._tokenizer, compiled)
-        if not ok:
-            raise GrammarError(f"the grammar cannot be enforced: {problem}")
-        return lambda: JsonConstraint(self._matcher_class(self._tokenizer, compiled, log_level=0),
-                                      self.vocab_size)
+        return self._factory(compiled, "the grammar cannot be enforced")
 
-
-def _validated(matcher_class, tokenizer, grammar: str) -> tuple[bool, str]:
-    is_error, messages = matcher_class.validate_grammar_with_warnings(grammar, tokenizer)
-    return (not is_error), "; ".join(messages)
+    def _factory(self, grammar: str, failure: str) -> Callable[[], "JsonConstraint"]:
+        """Compile once, here (the caller's thread, not the engine's: a large schema takes
+        a while), and hand each request a copy of the fresh matcher."""
+        matcher = self._matcher_class(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"{failure}: {matcher.get_error()}")
+        return lambda: JsonConstraint(matcher.deep_copy(), self.vocab_size)
 
 
 class JsonConstraint:

@@ -339,11 +339,11 @@ def test_client_giving_up_on_a_plain_request_aborts_it(server):
 # ---- the `serve` command ---------------------------------------------------------------
 
 
-def _start_cli_server(model_path, port: int, data_dir) -> subprocess.Popen:
+def _start_cli_server(model_path, port: int, data_dir, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, FERROX_DATA_DIR=str(data_dir))
     return subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--port", str(port), "--model", str(model_path),
-         "--device", "cpu"],
+         "--device", "cpu", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -396,11 +396,17 @@ def _free_port() -> int:
 def test_serve_command_answers_and_stops_on_a_signal(embedded_model_path, tmp_path, sig):
     port = _free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    proc = _start_cli_server(embedded_model_path, port, tmp_path)
+    origin = "http://localhost:5173"
+    proc = _start_cli_server(embedded_model_path, port, tmp_path, "--cors-origin", origin)
     stdout = _StdoutLines(proc)
     try:
         models = _wait_until_serving(proc, stdout, url)
         assert [m["id"] for m in models["data"]] == [embedded_model_path.stem]
+        # --cors-origin lets that origin's pages call the API (and only that one).
+        allowed = httpx.options(f"{url}/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert allowed.headers.get("access-control-allow-origin") == origin
+        assert httpx.get(f"{url}/models", headers={"Host": "evil.example"}).status_code == 400
         # A reply in flight when the signal arrives is stopped, not waited for.
         body = {"model": embedded_model_path.stem, "prompt": "Once upon a time", "max_tokens": 2000,
                 "temperature": 0, "stream": True}

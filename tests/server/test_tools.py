@@ -217,3 +217,33 @@ def test_a_template_without_tools_refuses_them(tiny_server):
         tiny_server.client().chat.completions.create(model=MODEL_ID, messages=user("Hi"),
                                                      tools=TOOLS, max_tokens=2)
     assert caught.value.body["param"] == "tools" and "tool support" in caught.value.message
+
+
+def test_a_control_token_marker_is_forced_as_that_token(tiny_loaded):
+    """Where the vocabulary has the marker as one control token (Qwen's <tool_call> is text,
+    Mistral's [TOOL_CALLS] is not), the grammar asks for that token, not its spelling.
+    Gemma's <start_of_turn>/<end_of_turn> stand in as such a pair here."""
+    import torch
+
+    from app.server.grammar import GrammarFactory
+    from app.server.tools import call_schema
+
+    tokenizer = tiny_loaded.tokenizer
+    start, end = tokenizer.token_id("<start_of_turn>"), tokenizer.token_id("<end_of_turn>")
+    assert tokenizer.is_control(start) and tokenizer.is_control(end)
+    factory = GrammarFactory(tokenizer, tiny_loaded.vocab_size, {tokenizer.eos_id})
+    syntax = HermesSyntax()
+    grammar = syntax.lark(call_schema(TOOLS, "get_time", syntax), False,
+                          {"<tool_call>": start, "</tool_call>": end})
+    constraint = factory.lark(grammar)()
+    row = constraint([], torch.zeros(tiny_loaded.vocab_size))
+    assert torch.isfinite(row).nonzero().flatten().tolist() == [start]
+    # Then the call's text, and the closing token.
+    body = '\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n'
+    generated = [start]
+    for token in tokenizer.encode(body):
+        row = constraint(generated, torch.zeros(tiny_loaded.vocab_size))
+        assert torch.isfinite(row[token])
+        generated.append(token)
+    row = constraint(generated, torch.zeros(tiny_loaded.vocab_size))
+    assert torch.isfinite(row).nonzero().flatten().tolist() == [end]

@@ -285,3 +285,16 @@ def test_logit_bias_bans_and_forces(tiny_server):
     forced = 818  # any ordinary token
     assert _reply_ids(tiny_server, logit_bias={str(forced): 100}) == (forced,) * 3
     assert _reply_ids(tiny_server, logit_bias={str(forced): 100, "819": 100})[0] in (818, 819)
+
+
+def test_engine_tracebacks_stay_in_the_log(caplog):
+    from app.server.api import _one_line
+
+    message = ("The engine hit an internal error:\nTraceback (most recent call last):\n"
+               '  File "engine.py", line 1\nRuntimeError: boom')
+    with caplog.at_level("ERROR", logger="ferrox.server"):
+        wire = _one_line(message)
+    assert "Traceback" not in wire and wire.startswith("The engine hit an internal error")
+    assert "RuntimeError: boom" in caplog.text
+    assert _one_line("Sampling failed: no token is allowed here") == (
+        "Sampling failed: no token is allowed here")

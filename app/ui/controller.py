@@ -69,6 +69,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._attachment_ids = itertools.count(1)
         self._deleted_chat_id: int | None = None
         self._last_usage: dict[int, tuple[int, int, int]] = {}  # chat -> used, cached, context
+        self._restored: dict[int, int] = {}  # chat -> of its cached tokens, read from disk
         self._continued_usage: dict[int, dict] = {}  # message -> its metadata before Continue
         self._title_jobs: dict[str, tuple[int, str]] = {}  # request id -> chat id, title so far
         self._auto_titles: dict[int, str] = {}  # chat -> the title given automatically
@@ -612,6 +613,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             reply.state, reply.done, reply.total, reply.cached, reply.restored = (
                 PREFILLING, event.done, event.total, event.cached, event.restored)
             if self.model_info:
+                self._restored[reply.chat_id] = event.restored
                 self._last_usage[reply.chat_id] = (event.total, event.cached,
                                                    self.model_info.context_length)
                 if reply.chat_id == self.current_chat_id:
@@ -665,6 +667,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             metadata["thinking_s"] = round(reply.thinking_s or earlier.get("thinking_s") or 0, 1)
         self._save_final(reply, reply.prefix + event.text, status, None, metadata)
         if self.model_info:
+            self._restored[reply.chat_id] = usage.restored_tokens
             self._last_usage[reply.chat_id] = (usage.prompt_tokens + usage.completion_tokens,
                                                usage.cached_tokens, self.model_info.context_length)
         if reply.chat_id == self.current_chat_id:
@@ -721,6 +724,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         pending = sum(max(c.tokens or 0, 0) for c in self._pending_for(self.current_chat_id)
                       if c.goes_whole)
         cached_text = f" · {cached:,} cached" if cached else ""
+        restored = self._restored.get(self.current_chat_id, 0) if cached else 0
+        if restored:
+            cached_text += f" ({restored:,} from disk)"
         meter.setText(f"{used + pending:,} / {context:,} tokens{cached_text}")
 
     # ---- helpers and shutdown ----------------------------------------------------------

@@ -11,6 +11,7 @@ frozen `Retrieved` records.
 
 from __future__ import annotations
 
+import atexit
 import sqlite3
 import threading
 from pathlib import Path
@@ -48,6 +49,8 @@ class RetrievalWorker(QObject):
         self._index.connect(self._do_index)
         self._retrieve.connect(self._do_retrieve)
         self._thread.start()
+        # A script that never closes the window still stops the thread cleanly.
+        atexit.register(self.shutdown)
 
     # ---- called from the GUI thread ----------------------------------------------------
 

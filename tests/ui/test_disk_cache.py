@@ -58,6 +58,7 @@ def test_a_follow_up_after_a_restart_restores_from_disk_and_purging_forgets_it(o
     info = second.window.message_view.message_widget(answer.id).info.text()
     assert f"restored {answer.metadata['restored_tokens']:,} tokens from disk" in info
     assert "from the disk cache" in second.window.statusBar().currentMessage()
+    assert f"({answer.metadata['restored_tokens']:,} from disk)" in second.find("contextMeter").text()
 
     _wait_until_written(second, folder)
     owned = _pages_of(folder, str(chat_id))

@@ -198,8 +198,9 @@ def test_a_document_larger_than_the_context_is_shortened_only_when_chosen(open_w
     assert controller.model_info.context_length == 2048
     big = tmp_path / "book.txt"
     big.write_text("Chapter one begins on a quiet morning by the harbour. " * 300)  # ~3.3k tokens
-    controller.add_files([str(big)])
     chat = controller.current_chat_id
+    driver.store.update_chat_settings(chat, {"documents": "whole"})  # not searched (issue 14)
+    controller.add_files([str(big)])
     driver.qtbot.waitUntil(lambda: bool(controller.pending.get(chat)
                                         and controller.pending[chat][0].tokens), timeout=60_000)
     chip = driver.window.composer.attachment_chips()[0]

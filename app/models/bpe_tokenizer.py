@@ -34,7 +34,8 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from app.models.errors import ModelError
-from app.models.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, StreamDecoder
+from app.models.tokenizer import (BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, StreamDecoder,
+                                  with_llama_cpp_control)
 
 if TYPE_CHECKING:
     from app.models.gguf_file import GGUFFile
@@ -147,7 +148,9 @@ class BPETokenizer:
         elif not isinstance(types, np.ndarray) or types.ndim != 1 or len(types) != n \
                 or not np.issubdtype(types.dtype, np.integer):
             raise ModelError(f"{bad}: tokenizer.ggml.token_type does not list one type per token.")
-        types = np.array(types, dtype=np.int32)  # a copy: the file's memory map may close
+        # A copy (the file's memory map may close), with llama.cpp's re-marking of textual
+        # end-of-turn and fill-in-the-middle tokens as CONTROL.
+        types = with_llama_cpp_control(tokens, np.array(types, dtype=np.int32))
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in _PRE_TOKENIZERS:
             known = ", ".join(sorted(_PRE_TOKENIZERS))

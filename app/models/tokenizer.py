@@ -42,6 +42,30 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _VALID_TYPES = (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE)
 
 _WS = "\u2581"  # SentencePiece's escaped space '▁'
+
+# Textual end-of-turn / end-of-generation / fill-in-the-middle tokens that llama.cpp treats as
+# CONTROL whatever type the file gives them (llama-vocab.cpp re-marks them when it loads a
+# vocabulary: "control-looking token ... its type will be overridden"). Gemma 3's GGUF, for
+# one, stores '</s>' as USER_DEFINED; llama.cpp then reads '</s>' typed by a person as text.
+LLAMA_CPP_CONTROL_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    "</s>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\u2581<PRE>",
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\u2581<SUF>",
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\u2581<MID>",
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<|fim_repo|>", "<fim-repo>", "<reponame>",
+    "<|repo_name|>", "<|fim_sep|>", "<|file_sep|>", "<fim-sep>", "<file_sep>",
+})
+
+
+def with_llama_cpp_control(tokens: Sequence[str], types: np.ndarray) -> np.ndarray:
+    """`types` with llama.cpp's re-marking applied: the tokens above become CONTROL."""
+    types = types.copy()
+    for i, text in enumerate(tokens):
+        if text in LLAMA_CPP_CONTROL_TEXTS and types[i] != CONTROL:
+            types[i] = CONTROL
+    return types
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -212,7 +236,7 @@ class Tokenizer:
             raise ModelError(f"{bad}: tokenizer.ggml.scores contains NaN or infinite values.")
         if not np.issubdtype(types.dtype, np.integer):
             raise ModelError(f"{bad}: tokenizer.ggml.token_type is not a list of integers.")
-        types = np.array(types, dtype=np.int32)
+        types = with_llama_cpp_control(tokens, np.array(types, dtype=np.int32))
         invalid = ~np.isin(types, _VALID_TYPES)
         if invalid.any():
             i = int(np.flatnonzero(invalid)[0])

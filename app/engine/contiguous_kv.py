@@ -30,7 +30,8 @@ class ContiguousKV:
         return torch.arange(self.length, self.length + n_new,
                             device=self.keys[0].device)[None]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int | None):
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None, attention) -> torch.Tensor:
         T = k.shape[2]
         end = self.length + T
         self.keys[layer][:, :, self.length:end] = k
@@ -43,7 +44,7 @@ class ContiguousKV:
             q_pos = torch.arange(self.length, end, device=device)[None]
             k_pos = torch.arange(start, end, device=device)[None]
             mask = self._masks[(window, T)] = attention_mask(q_pos, k_pos, window)
-        return self.keys[layer][:, :, start:end], self.values[layer][:, :, start:end], mask
+        return attention(q, self.keys[layer][:, :, start:end], self.values[layer][:, :, start:end], mask)
 
     def commit(self, n_new: int) -> None:
         """The forward that wrote `n_new` positions is complete."""

@@ -49,11 +49,20 @@ class PagedBatchView:
 
     Sequence i has page table `tables[i]`, already holds positions [0, starts[i]) and adds
     `counts[i]` tokens this pass (1 for a decode step, a chunk for a prefill), so decode
-    steps and a prefill chunk share one pass over the weights. The model sees tokens
-    [1, N]; each layer's keys are the concatenation of every sequence's visible positions,
-    and the mask keeps each query within its own sequence. For each layer kind (global, or
-    sliding with a window) the gather plan and mask are built once and reused by every
-    such layer; a sliding layer gathers only what its oldest query can still see.
+    steps and a prefill chunk share one pass over the weights: the model sees tokens [1, N].
+
+    Attention is per sequence, never across the packed row (which would score every query
+    against every sequence's keys: B streams would cost B times the sum of their contexts).
+    Queries are split into groups, each attending to its own keys only:
+      * a prefill chunk (count > 1) is one group: its queries [1, H, n, D] against its own
+        visible keys [1, Hkv, L, D];
+      * decode steps (count 1) are batched: queries [B, H, 1, D] against keys padded to the
+        longest context in the group [B, Hkv, Lmax, D] (padding masked). Sequences are
+        grouped by length (sorted, a new group when a context is more than twice the
+        group's shortest plus a page) so padding never more than about doubles the work.
+    So a pass costs the sum of its sequences' contexts. For each layer kind (global, or
+    sliding with a window) the groups' gather plans and masks are built once and reused by
+    every such layer; a sliding layer gathers only what its oldest query can still see.
     """
 
     def __init__(self, pool: PagedKVPool, tables: Sequence[Sequence[int]],
@@ -61,49 +70,104 @@ class PagedBatchView:
         self.pool = pool
         self.tables, self.starts, self.counts = tables, starts, counts
         device = pool.device
-        write, q_pos, q_seq = [], [], []
-        for i, (table, start, n) in enumerate(zip(tables, starts, counts)):
+        write, q_pos, offsets = [], [], []
+        for table, start, n in zip(tables, starts, counts):
+            offsets.append(len(q_pos))
             write += pool.slots(table, start, start + n)
             q_pos += range(start, start + n)
-            q_seq += [i] * n
+        self._offsets = offsets  # first packed row of each sequence
         self._write_slots = torch.tensor(write, device=device)
         self.q_pos = torch.tensor([q_pos], device=device)  # [1, N]
-        self.q_seq = torch.tensor([q_seq], device=device)
-        self._reads: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._plans: dict[int | None, list[_Group]] = {}
 
     def positions(self) -> torch.Tensor:
         return self.q_pos
 
     def last_token_rows(self) -> list[int]:
         """Index in the packed row of each sequence's last token (where its logits are)."""
-        rows, end = [], 0
-        for n in self.counts:
-            end += n
-            rows.append(end - 1)
-        return rows
+        return [offset + n - 1 for offset, n in zip(self._offsets, self.counts)]
 
-    def _read_plan(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        plan = self._reads.get(window)
-        if plan is None:
-            slots, k_pos, k_seq = [], [], []
-            for i, (table, start, n) in enumerate(zip(self.tables, self.starts, self.counts)):
-                first = max(0, start - window + 1) if window is not None else 0
-                slots += self.pool.slots(table, first, start + n)
-                k_pos += range(first, start + n)
-                k_seq += [i] * (start + n - first)
-            device = self.pool.device
-            mask = attention_mask(self.q_pos, torch.tensor([k_pos], device=device), window,
-                                  self.q_seq, torch.tensor([k_seq], device=device))
-            plan = self._reads[window] = (torch.tensor(slots, device=device), mask)
+    def _visible(self, i: int, window: int | None) -> tuple[int, int]:
+        """[first, end) positions sequence i's queries may see this pass."""
+        start, n = self.starts[i], self.counts[i]
+        first = max(0, start - window + 1) if window is not None else 0
+        return first, start + n
+
+    def _plan(self, window: int | None) -> list[_Group]:
+        plan = self._plans.get(window)
+        if plan is not None:
+            return plan
+        device, pool = self.pool.device, self.pool
+        plan = []
+        decoding = []
+        for i, n in enumerate(self.counts):
+            first, end = self._visible(i, window)
+            if n > 1:  # a prefill chunk: its own group
+                slots = torch.tensor([pool.slots(self.tables[i], first, end)], device=device)
+                q_pos = self.q_pos[:, self._offsets[i]: self._offsets[i] + n]
+                k_pos = torch.arange(first, end, device=device)[None]
+                plan.append(_Group(self._offsets[i], n, None, slots,
+                                   attention_mask(q_pos, k_pos, window)))
+            else:
+                decoding.append((end - first, i))
+        decoding.sort()
+        while decoding:
+            shortest = decoding[0][0]
+            take = 1
+            while take < len(decoding) and decoding[take][0] <= 2 * shortest + pool.page_size:
+                take += 1
+            group, decoding = decoding[:take], decoding[take:]
+            longest = group[-1][0]
+            # In packed order: a lone group covering every row then needs no scatter.
+            group.sort(key=lambda item: item[1])
+            slots, k_pos, q_pos, rows = [], [], [], []
+            for length, i in group:
+                first, end = self._visible(i, window)
+                pad = longest - length
+                slots.append(pool.slots(self.tables[i], first, end) + [0] * pad)  # slot 0: zeros
+                k_pos.append(list(range(first, end)) + [-1] * pad)  # -1: masked
+                q_pos.append([end - 1])
+                rows.append(self._offsets[i])
+            mask = attention_mask(torch.tensor(q_pos, device=device),
+                                  torch.tensor(k_pos, device=device), window)
+            plan.append(_Group(rows[0], 1, torch.tensor(rows, device=device),
+                               torch.tensor(slots, device=device), mask))
+        self._plans[window] = plan
         return plan
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int | None):
-        # k, v: [1, Hkv, N, D] -> rows [N, Hkv, D] written at their slots
-        _, Hkv, N, D = k.shape
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None, attention) -> torch.Tensor:
+        # q [1, H, N, D]; k, v [1, Hkv, N, D] -> rows [N, Hkv, D] written at their slots
         keys, values = self.pool.keys[layer], self.pool.values[layer]
         keys.index_copy_(0, self._write_slots, k[0].transpose(0, 1))
         values.index_copy_(0, self._write_slots, v[0].transpose(0, 1))
-        slot_index, mask = self._read_plan(window)
-        # gathered [L, Hkv, D] -> [1, Hkv, L, D]
-        return (keys[slot_index].transpose(0, 1)[None], values[slot_index].transpose(0, 1)[None],
-                mask)
+        plan = self._plan(window)
+        out = None if len(plan) == 1 else torch.empty_like(q)
+        for group in plan:
+            # gathered [B, L, Hkv, D] -> [B, Hkv, L, D]
+            k_g = keys[group.slots].transpose(1, 2)
+            v_g = values[group.slots].transpose(1, 2)
+            if group.rows is None:  # a prefill chunk: [1, H, n, D]
+                result = attention(q.narrow(2, group.offset, group.count), k_g, v_g, group.mask)
+                if out is None:
+                    return result
+                out.narrow(2, group.offset, group.count).copy_(result)
+            else:  # decode steps: [1, H, B, D] <-> [B, H, 1, D]
+                q_g = q.index_select(2, group.rows).transpose(0, 2)
+                result = attention(q_g, k_g, v_g, group.mask).transpose(0, 2)
+                if out is None:
+                    return result.contiguous()
+                out.index_copy_(2, group.rows, result)
+        return out
+
+
+class _Group:
+    """Queries attending together: a prefill chunk (rows None: packed rows [offset,
+    offset + count)) or decode steps (rows: one packed row each). slots [B, L] into the
+    pool, mask [B, 1, T, L]."""
+
+    __slots__ = ("offset", "count", "rows", "slots", "mask")
+
+    def __init__(self, offset: int, count: int, rows: torch.Tensor | None, slots: torch.Tensor,
+                 mask: torch.Tensor):
+        self.offset, self.count, self.rows, self.slots, self.mask = offset, count, rows, slots, mask

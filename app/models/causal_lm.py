@@ -6,6 +6,7 @@ only, never on a model family: a new family implements `CausalLM` and nothing el
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,18 +36,25 @@ class KVFacts:
         return self.n_layers * 2 * self.n_kv_heads * self.head_dim * torch.finfo(dtype).bits // 8
 
 
-class KVView(Protocol):
-    """Where a forward pass stores the new keys/values and finds all the visible ones.
+# attention(q [S, H, T, D], keys [S, Hkv, L, D], values [S, Hkv, L, D], mask [S, 1, T, L])
+# -> [S, H, T, D]: the model's own attention (scale, grouped heads, soft-capping), which a KV
+# view calls for each group of queries that attend together.
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-    `update` is called once per layer with this step's keys and values
-    k, v: [S, Hkv, T, D] and returns (keys, values, mask): keys/values [S, Hkv, L, D] holding
-    every position the step's queries may attend to (the new ones included) and a boolean
-    mask [S, 1, T, L] (True = may attend) that already applies causality, padding and the
-    layer's sliding `window` (None for a global layer).
+
+class KVView(Protocol):
+    """Where a forward pass stores the new keys/values and attends to all the visible ones.
+
+    `attend` is called once per layer with this step's queries q [S, H, T, D] and keys and
+    values k, v [S, Hkv, T, D]. It stores k and v, then calls `attention` on the queries with
+    every position they may see (the new ones included) and a boolean mask (True = may
+    attend) that already applies causality, padding and the layer's sliding `window` (None
+    for a global layer); it may do so in several groups (e.g. one per sequence) and returns
+    the output [S, H, T, D] in q's layout.
     """
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, window: int | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None, attention: Attention) -> torch.Tensor: ...
 
 
 class CausalLM(Protocol):

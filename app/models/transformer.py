@@ -198,12 +198,21 @@ class DecoderLayer(torch.nn.Module):
             q, k = rms_norm(q, self.q_norm, c.rms_eps), rms_norm(k, self.k_norm, c.rms_eps)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin, self.rope.style), apply_rope(k, cos, sin, self.rope.style)
-        keys, values, mask = kv.update(self.index, k, v, self.window)
+        out = kv.attend(self.index, q, k, v, self.window, self._attend)
+        out = out.transpose(1, 2).reshape(S, T, H * D)
+        return linear(out, self.o, self.fmt.transposed)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """q [B, H, T, D], keys/values [B, Hkv, L, D], mask [B, 1, T, L] -> [B, H, T, D]."""
+        c = self.cfg
+        B, H, T, D = q.shape
+        Hkv = keys.shape[1]
         # Fold the G query heads that share a KV head into the query axis: plain SDPA on
         # every backend (no enable_gqa, no repeat_interleave of the keys). Query head h uses
         # KV head h // G, as Hugging Face's repeat_kv and llama.cpp do.
         G = H // Hkv
-        q = q.reshape(S, Hkv, G * T, D)
+        q = q.reshape(B, Hkv, G * T, D)
         if G > 1:
             mask = mask.repeat(1, 1, G, 1)  # rows g*T + t use query t's mask
         if c.attn_softcap is None:
@@ -211,8 +220,7 @@ class DecoderLayer(torch.nn.Module):
                                                  scale=c.attention_scale)
         else:
             out = _softcapped_attention(q, keys, values, mask, c.attention_scale, c.attn_softcap)
-        out = out.view(S, H, T, D).transpose(1, 2).reshape(S, T, H * D)
-        return linear(out, self.o, self.fmt.transposed)
+        return out.view(B, H, T, D)
 
 
 def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

@@ -7,7 +7,12 @@ Figures (all on the same loaded model and engine):
   follow_up_ttft_warm_s     conversation, with the cache cleared / with the earlier turns cached
   itl_solo_p50_ms/p95_ms    one stream's inter-token latency, alone
   itl_during_prefill_*      the same stream while another request prefills a 3,000-token document
-  aggregate_tokens_per_s    4 streams at once
+  document_*                that document's first token beside the stream, alone, and the ratio
+  streams_4_*               4 streams at once against 1, after short and 1,000-token prompts
+                            (decode tokens per second once all are decoding, and the ratio)
+  short_during_long_*       a 20-token request sent 1 s into a 12,000-token prefill (or the
+                            context less a margin): its first token, and alone
+  requests_8_*              8 requests of ~150 tokens sent at once: first and last first token
   peak_memory_mb            the process's peak resident memory (and the GPU's, on CUDA)
 
 Speed targets are checked here, never by timed assertions in tests.
@@ -61,10 +66,11 @@ class _Trace:
 
 
 def _drive(engine: Engine, jobs: dict[str, tuple[list[int], SamplingParams]],
-           submit_later: dict[str, tuple[int, list[int], SamplingParams]] | None = None
+           submit_later: dict[str, tuple[int | float, list[int], SamplingParams]] | None = None
            ) -> dict[str, _Trace]:
-    """Submit `jobs`, step until all end; `submit_later[id] = (after_n_tokens_of_first_job,
-    ids, params)` injects a request mid-stream. Token times are taken as steps return."""
+    """Submit `jobs`, step until all end; `submit_later[id] = (after, ids, params)` injects a
+    request mid-run: `after` an int = once the first job has that many tokens, a float = that
+    many seconds after the start. Token times are taken as steps return."""
     traces = {rid: _Trace([]) for rid in jobs}
     start = {}
     for rid, (ids, params) in jobs.items():
@@ -72,6 +78,7 @@ def _drive(engine: Engine, jobs: dict[str, tuple[list[int], SamplingParams]],
         start[rid] = time.perf_counter()
     pending = dict(submit_later or {})
     first_job = next(iter(jobs))
+    began = time.perf_counter()
     while engine.has_work or pending:
         for event in engine.step():
             trace = traces[event.request_id]
@@ -83,7 +90,9 @@ def _drive(engine: Engine, jobs: dict[str, tuple[list[int], SamplingParams]],
             elif isinstance(event, Finished):
                 trace.finished = event
         for rid, (after, ids, params) in list(pending.items()):
-            if len(traces[first_job].tokens) >= after:
+            due = (time.perf_counter() - began >= after if isinstance(after, float)
+                   else len(traces[first_job].tokens) >= after)
+            if due:
                 traces[rid] = _Trace([])
                 engine.submit(ids, params, request_id=rid)
                 start[rid] = time.perf_counter()
@@ -102,8 +111,18 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int = 400) -> dict:
-    engine = Engine(loaded, EngineConfig(kv_tokens=16_384))
+def _decoding_rate(traces: dict[str, _Trace]) -> float:
+    """Tokens per second over the stretch where every trace was decoding (from the last
+    first token to the first last token): batched decode alone, no prefill in it."""
+    start = max(t.tokens[0] for t in traces.values())
+    end = min(t.tokens[-1] for t in traces.values())
+    count = sum(sum(1 for x in t.tokens if start < x <= end) for t in traces.values())
+    return count / (end - start) if end > start else 0.0
+
+
+def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int = 400,
+              long_prompt_tokens: int = 12_000) -> dict:
+    engine = Engine(loaded, EngineConfig(kv_tokens=max(16_384, long_prompt_tokens + 1_024)))
     tok = loaded.tokenizer
     greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
@@ -165,16 +184,50 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     results["document_prefill_while_streaming_s"] = round(
         traces["document"].finished.timings.time_to_first_token_s, 2)
 
-    # 5. four streams at once
+    # 4b. the same document alone
     engine.clear_cache()
-    jobs = {f"s{i}": (bos_prefix(tok) + filler_ids(tok, 24, salt=10 + i),
-                      SamplingParams(max_tokens=64, **greedy)) for i in range(4)}
-    started = time.perf_counter()
-    traces = _drive(engine, jobs)
-    total = sum(t.finished.usage.completion_tokens for t in traces.values())
-    results["aggregate_4_streams_tokens_per_s"] = round(total / (time.perf_counter() - started), 1)
+    alone = _drive(engine, {"document": (document, SamplingParams(max_tokens=1, **greedy))})
+    alone_s = alone["document"].finished.timings.time_to_first_token_s
+    results["document_prefill_alone_s"] = round(alone_s, 2)
+    results["document_beside_stream_over_alone"] = round(
+        results["document_prefill_while_streaming_s"] / alone_s, 2)
 
-    # 6. memory
+    # 5. four streams at once against one, after a short and a 1,000-token prompt
+    for context in (24, 1000):
+        rates = {}
+        for n in (1, 4):
+            engine.clear_cache()
+            jobs = {f"s{i}": (bos_prefix(tok) + filler_ids(tok, context, salt=10 + i),
+                              SamplingParams(max_tokens=48, **greedy)) for i in range(n)}
+            rates[n] = _decoding_rate(_drive(engine, jobs))
+        results[f"streams_1_ctx{context}_tokens_per_s"] = round(rates[1], 1)
+        results[f"streams_4_ctx{context}_tokens_per_s"] = round(rates[4], 1)
+        results[f"streams_4_over_1_ctx{context}"] = round(rates[4] / rates[1], 2) if rates[1] else None
+    results["aggregate_4_streams_tokens_per_s"] = results["streams_4_ctx24_tokens_per_s"]
+
+    # 6. a short request sent during a long prefill, and alone
+    engine.clear_cache()
+    long_n = max(64, min(long_prompt_tokens, engine.context_length - 64))
+    long_ids = bos_prefix(tok) + filler_ids(tok, long_n - 1, salt=20)
+    short_ids = bos_prefix(tok) + filler_ids(tok, 19, salt=21)
+    one = SamplingParams(max_tokens=1, **greedy)
+    short_alone = _drive(engine, {"short": (short_ids, one)})["short"].first_token_s
+    engine.clear_cache()
+    traces = _drive(engine, {"long": (long_ids, one)}, {"short": (1.0, short_ids, one)})
+    results["long_prompt_tokens"] = long_n
+    results["short_during_long_prefill_ttft_s"] = round(traces["short"].first_token_s, 3)
+    results["short_alone_ttft_s"] = round(short_alone, 3)
+
+    # 7. eight requests at once, as API clients send them
+    engine.clear_cache()
+    jobs = {f"r{i}": (bos_prefix(tok) + filler_ids(tok, 149, salt=30 + i),
+                      SamplingParams(max_tokens=16, **greedy)) for i in range(8)}
+    firsts = sorted(t.first_token_s for t in _drive(engine, jobs).values())
+    results["requests_8_first_ttft_s"] = round(firsts[0], 3)
+    results["requests_8_last_ttft_s"] = round(firsts[-1], 3)
+    results["requests_8_last_over_first"] = round(firsts[-1] / firsts[0], 2)
+
+    # 8. memory
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     results["peak_rss_mb"] = round(peak_kb / (1024 if sys.platform != "darwin" else 1024 * 1024), 0)
     if loaded.device.type == "cuda":

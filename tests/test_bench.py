@@ -13,13 +13,15 @@ from tests.engine.conftest import make_tiny_model
 FIGURES = ["decode_tokens_per_s", "prefill_tokens_per_s", "follow_up_ttft_cold_s",
            "follow_up_ttft_warm_s", "follow_up_cached_tokens", "itl_solo_p50_ms",
            "itl_solo_p95_ms", "itl_during_prefill_p95_ms", "aggregate_4_streams_tokens_per_s",
-           "peak_rss_mb"]
+           "document_prefill_alone_s", "document_beside_stream_over_alone",
+           "streams_4_over_1_ctx24", "streams_4_over_1_ctx1000", "short_during_long_prefill_ttft_s",
+           "short_alone_ttft_s", "requests_8_last_over_first", "peak_rss_mb"]
 
 
 def test_bench_reports_every_figure(embedded_model_path):
     with GGUFFile(embedded_model_path) as gguf:
         tiny = make_tiny_model(Tokenizer.from_gguf(gguf))
-    results = run_bench(tiny, decode_tokens=16, stream_tokens=40)
+    results = run_bench(tiny, decode_tokens=16, stream_tokens=40, long_prompt_tokens=1_500)
     for key in FIGURES:
         assert results[key] is not None and results[key] >= 0, key
     # The follow-up adopted almost all of the ~1,900-token conversation.

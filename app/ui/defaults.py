@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.engine.sampling import SamplingParams
 
 EMBEDDED_KEY = "embedded"  # the model picker's key for the built-in model
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "max_tokens", "seed")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_tokens", "seed")
 DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SAMPLING_KEYS}
 ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512, "context_size": 0}
 # The conversations' KV cache on disk (issue 13): its folder in the data folder, and the

@@ -23,6 +23,8 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         self.top_k = self._int(values.get("top_k", 64), 0, 10_000, "0 = off")
         self.top_p = self._double(values.get("top_p", 0.95), 0.01, 1, 0.01, "1 = off")
         self.min_p = self._double(values.get("min_p", 0.0), 0, 1, 0.01, "0 = off")
+        self.repetition_penalty = self._double(values.get("repetition_penalty", 1.0), 1, 2, 0.05,
+                                               "1 = off; above 1 discourages repeating words")
         self.max_tokens = self._int(values.get("max_tokens", 1024), 1, 32_768, "")
         self.seed = QtWidgets.QLineEdit("" if values.get("seed") is None else str(values["seed"]))
         self.seed.setPlaceholderText("random")
@@ -39,6 +41,7 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         form.addRow("Top-k:", self.top_k)
         form.addRow("Top-p:", self.top_p)
         form.addRow("Min-p:", self.min_p)
+        form.addRow("Repetition penalty:", self.repetition_penalty)
         form.addRow("Max reply tokens:", self.max_tokens)
         form.addRow("Seed:", self.seed)
         form.addRow("Documents:", self.documents)
@@ -81,6 +84,7 @@ class ChatSettingsDialog(QtWidgets.QDialog):
         return {"system_prompt": self.system_prompt.toPlainText().strip(),
                 "temperature": round(self.temperature.value(), 3), "top_k": self.top_k.value(),
                 "top_p": round(self.top_p.value(), 3), "min_p": round(self.min_p.value(), 3),
+                "repetition_penalty": round(self.repetition_penalty.value(), 3),
                 "max_tokens": self.max_tokens.value(), "seed": int(seed) if seed else None,
                 MODE_KEY: self.documents.currentData()}
 

@@ -86,6 +86,7 @@ class EngineBridge(QObject):
         self._forget_owner.connect(self._do_forget_owner)
         # Reading a document can be cancelled from the GUI thread (its chip removed).
         self._document_cancels: dict[str, threading.Event] = {}
+        self._kv_root: Path | None = None  # the disk cache's folder (worker thread only)
         self._thread.start()
         # A script that never runs the event loop to its end still stops the thread cleanly.
         atexit.register(self.shutdown)
@@ -116,9 +117,9 @@ class EngineBridge(QObject):
     def load(self, path: str, device: str = "auto", dtype: str = "auto",
              prefill_chunk: int = 512, context_size: int = 0,
              disk_cache: tuple[str, int | None] | None = None) -> None:
-        """context_size 0 = the model's full context. `disk_cache`: (folder, budget bytes or
-        None for the default) to keep conversations' KV pages on disk across restarts;
-        None keeps them in memory only."""
+        """context_size 0 = the model's full context. `disk_cache`: (folder, budget bytes,
+        None for the default) to keep conversations' KV pages on disk across restarts; a
+        budget of 0, or no `disk_cache`, keeps them in memory only."""
         self._load.emit(path, device, dtype, prefill_chunk, context_size, disk_cache)
 
     def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams,
@@ -193,9 +194,12 @@ class EngineBridge(QObject):
                  context_size: int, disk_cache) -> None:
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
         before = self.session.info
-        # Read by session.load: the store opens (or stays off) with the model.
-        self.session.kv_dir = Path(disk_cache[0]) if disk_cache else None
-        self.session.kv_budget_bytes = disk_cache[1] if disk_cache else None
+        # Read by session.load: the store opens (or stays off) with the model. The folder is
+        # remembered even when the cache is off: deleting a chat still deletes its pages.
+        self._kv_root = Path(disk_cache[0]) if disk_cache else None
+        on = disk_cache is not None and disk_cache[1] != 0
+        self.session.kv_dir = self._kv_root if on else None
+        self.session.kv_budget_bytes = disk_cache[1] if on else None
         try:
             # A device that does not exist is refused before the loaded model is let go.
             resolve_device(device)
@@ -246,7 +250,7 @@ class EngineBridge(QObject):
         """The loaded model's store through the engine, then every other model's folder
         under the cache folder (a chat may have been answered by several models)."""
         self.session.forget_cache_owner(owner)
-        root = self.session.kv_dir
+        root = self._kv_root
         if root is None or not root.is_dir():
             return
         for folder in root.iterdir():

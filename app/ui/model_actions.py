@@ -137,13 +137,11 @@ class ModelActions:
         self.bridge.load(path, settings["device"], settings["dtype"], int(settings["prefill_chunk"]),
                          int(settings.get("context_size") or 0), self.disk_cache())
 
-    def disk_cache(self) -> tuple[str, int | None] | None:
-        """(folder, budget bytes) of the conversations' KV cache on disk; None when the
-        person turned it off (a budget of 0). No setting: the default budget."""
+    def disk_cache(self) -> tuple[str, int | None]:
+        """(folder, budget bytes) of the conversations' KV cache on disk: 0 when the person
+        turned it off, None (no setting) for the default budget."""
         megabytes = self.engine_settings().get(DISK_CACHE_KEY)
-        if megabytes is not None and int(megabytes) <= 0:
-            return None
-        budget = int(megabytes) * 1_000_000 if megabytes is not None else None
+        budget = max(int(megabytes), 0) * 1_000_000 if megabytes is not None else None
         return str(Path(self.data_dir) / DISK_CACHE_FOLDER), budget
 
     def disk_cache_default_mb(self) -> int:

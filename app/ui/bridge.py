@@ -18,6 +18,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from app.backends.base import BackendError
+from app.backends.from_connection import remote_backend_for
+from app.backends.remote import estimate_tokens
 from app.documents import DocumentError, count_tokens, extract_text, format_for_prompt
 from app.engine.device import DTYPE_CHOICES, available_devices, resolve_device
 from app.engine.engine import EngineConfig
@@ -29,6 +32,8 @@ from app.models.embedded import ensure_embedded_model
 from app.ui.builtin_models import ensure_builtin, refusal_of
 from app.models.errors import ModelError
 from app.models.model_facts import read_model_facts
+from app.storage.errors import StorageError
+from app.ui.remote_models import RemoteModelInfo
 from app.ui.qt import QObject, QThread, Signal, Slot
 
 # Below this many free context tokens a reply is not worth starting.
@@ -38,6 +43,7 @@ MIN_REPLY_TOKENS = 16
 class EngineBridge(QObject):
     # -> worker (queued)
     _load = Signal(str, str, str, int, int, object)
+    _load_remote = Signal(object, object, str)  # ConnectionStore, Route, context length
     _submit = Signal(str, object, object, object)
     _count = Signal(str, str)
     _read_document = Signal(str, str)
@@ -70,10 +76,14 @@ class EngineBridge(QObject):
     def __init__(self):
         super().__init__()
         self.session = ModelSession()
+        # The chosen remote model's backend (a RemoteBackend), or None while a local model
+        # serves. Set and cleared in the worker; `abort` reads it from the GUI thread.
+        self.remote = None
         self._thread = QThread()
         self._thread.setObjectName("ferrox-worker")
         self.moveToThread(self._thread)
         self._load.connect(self._do_load)
+        self._load_remote.connect(self._do_load_remote)
         self._submit.connect(self._do_submit)
         self._count.connect(self._do_count)
         self._read_document.connect(self._do_read_document)
@@ -122,6 +132,13 @@ class EngineBridge(QObject):
         budget of 0, or no `disk_cache`, keeps them in memory only."""
         self._load.emit(path, device, dtype, prefill_chunk, context_size, disk_cache)
 
+    def load_remote(self, connections, route, context_length: int) -> None:
+        """Serve the next replies from `route`'s model on its saved connection (a Route of
+        app.ui.remote_models; `connections` the ConnectionStore). The server is not asked:
+        a chat remembers its model even while the server is down; a wrong name shows on the
+        first reply. Answered by modelLoaded (a RemoteModelInfo) or modelFailed."""
+        self._load_remote.emit(connections, route, str(context_length))
+
     def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams,
                cache_owner: str | None = None) -> None:
         """`cache_owner` (a chat id) is recorded with the pages saved to disk, so
@@ -133,6 +150,9 @@ class EngineBridge(QObject):
         self._forget_owner.emit(owner)
 
     def abort(self, request_id: str) -> None:
+        remote = self.remote
+        if remote is not None:
+            remote.abort(request_id)  # only sets a flag and wakes the reader
         self.session.abort(request_id)
 
     def count_tokens(self, key: str, text: str) -> None:
@@ -161,6 +181,8 @@ class EngineBridge(QObject):
         Safe to call twice (window close, then application quit)."""
         if not self._thread.isRunning():
             return
+        if self.remote is not None:
+            self.remote.close()
         self.session.close()
         self._thread.quit()
         self._thread.wait(10_000)
@@ -193,6 +215,7 @@ class EngineBridge(QObject):
     def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,
                  context_size: int, disk_cache) -> None:
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
+        self._drop_remote()  # a local model serves from now on (or none, if it fails)
         before = self.session.info
         # Read by session.load: the store opens (or stays off) with the model. The folder is
         # remembered even when the cache is off: deleting a chat still deletes its pages.
@@ -214,9 +237,33 @@ class EngineBridge(QObject):
             return
         self.modelLoaded.emit(info)
 
+    def _drop_remote(self) -> None:
+        remote, self.remote = self.remote, None
+        if remote is not None:
+            remote.close()
+
+    @Slot(object, object, str)
+    def _do_load_remote(self, connections, route, context_length: str) -> None:
+        self.modelLoading.emit(f"Connecting to {route.model}…")
+        try:
+            connection = connections.get_connection(route.connection_id)
+            backend = remote_backend_for(connections, connection)
+        except (StorageError, BackendError, ValueError) as exc:
+            self.modelFailed.emit(str(exc))
+            return
+        self._drop_remote()
+        model = backend.use_model(route.model, int(context_length))
+        self.remote = backend
+        self.modelLoaded.emit(RemoteModelInfo(route.key, model.name, model.location,
+                                              model.context_length or int(context_length)))
+
     @Slot(str, object, object, object)
     def _do_submit(self, request_id: str, messages: tuple, params: SamplingParams,
                    cache_owner) -> None:
+        if self.remote is not None:  # events arrive on the reply's own thread
+            self.remote.submit_chat(messages, params, self.event.emit, request_id,
+                                    session_id=cache_owner)
+            return
         try:
             prompt = self.session.chat_prompt(messages)
         except (NoModelError, ValueError) as exc:
@@ -227,6 +274,10 @@ class EngineBridge(QObject):
     @Slot(str, object, str, object, object)
     def _do_continue(self, request_id: str, messages: tuple, partial: str,
                      params: SamplingParams, cache_owner) -> None:
+        if self.remote is not None:
+            self.submitFailed.emit(request_id, "A remote model cannot continue a cut reply; "
+                                   "Regenerate writes the reply again with a higher length limit.")
+            return
         try:
             prompt = self.session.continuation_prompt(messages, partial)
         except (NoModelError, ValueError) as exc:
@@ -263,6 +314,9 @@ class EngineBridge(QObject):
 
     @Slot(str, str)
     def _do_count(self, key: str, text: str) -> None:
+        if self.remote is not None:
+            self.tokensCounted.emit(key, self.remote.count_tokens(text))
+            return
         try:
             self.tokensCounted.emit(key, self.session.count_tokens(text))
         except NoModelError:
@@ -270,6 +324,9 @@ class EngineBridge(QObject):
 
     @Slot(int, object)
     def _do_count_chat(self, chat_id: int, messages: tuple) -> None:
+        if self.remote is not None:  # an estimate: the server's template is unknown here
+            self.chatCounted.emit(chat_id, sum(estimate_tokens(m.content) for m in messages))
+            return
         try:
             self.chatCounted.emit(chat_id, len(self.session.chat_prompt(messages)))
         except (NoModelError, ValueError):
@@ -293,6 +350,8 @@ class EngineBridge(QObject):
         """Tokens of the document as the prompt holds it (-1 without a model), counted in
         bounded chunks (app.documents.count_tokens) so a huge file neither stalls nor
         ignores a cancel."""
+        if self.remote is not None:
+            return estimate_tokens(format_for_prompt(document))
         try:
             self.session.count_tokens("")
         except NoModelError:

@@ -17,7 +17,9 @@ from app.engine.events import Failed, Finished, PrefillProgress, Queued, Token
 from app.engine.sampling import SamplingParams
 from app.storage import ChatStore, NewAttachment, StorageError
 from app.ui.bridge import EngineBridge
+from app.storage.connections import ConnectionStore
 from app.ui.chat_list import ChatList
+from app.ui.connections_dialog import ConnectionsDialog
 from app.ui.defaults import DEFAULT_SAMPLING, SAMPLING_KEYS
 from app.ui.dialog_actions import DialogActions
 from app.paths import models_dir
@@ -74,6 +76,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._title_jobs: dict[str, tuple[int, str]] = {}  # request id -> chat id, title so far
         self._auto_titles: dict[int, str] = {}  # chat -> the title given automatically
         self.trash_dialog: TrashDialog | None = None
+        # Remote servers, in the same database file (API keys in the keychain).
+        self.connections = ConnectionStore(store.path)
+        self.connections_dialog: ConnectionsDialog | None = None
         # What the engine offers here; the worker answers at start-up.
         self.devices: tuple[str, ...] = ("auto",)
         self.dtypes: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
@@ -116,6 +121,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         w.trash_action.triggered.connect(self.open_trash)
         w.remove_model_action.triggered.connect(self.remove_current_model)
         w.settings_action.triggered.connect(self._open_preferences)
+        w.connections_action.triggered.connect(self.open_connections)
         w.chat_settings_action.triggered.connect(self._open_chat_settings)
         w.import_action.triggered.connect(self._import_chat)
         w.export_md_action.triggered.connect(lambda: self._export_chat("md"))
@@ -732,6 +738,25 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
 
     # ---- helpers and shutdown ----------------------------------------------------------
 
+    def open_connections(self) -> None:
+        """Settings → Connections…: not modal; the picker follows its changes."""
+        if self.connections_dialog is None:
+            self.connections_dialog = ConnectionsDialog(self.connections, self.store, self.window)
+            self.connections_dialog.changed.connect(self._on_connections_changed)
+        self.connections_dialog.show()
+        self.connections_dialog.raise_()
+
+    def _on_connections_changed(self) -> None:
+        """The picker is rebuilt, keeping what it shows (unless that connection is gone)."""
+        picker = self.window.model_picker
+        shown = picker.currentData()
+        self.refresh_models()
+        index = picker.findData(shown)
+        if index >= 0:
+            picker.setCurrentIndex(index)
+        elif shown is not None and shown == self._loaded_key:  # its connection was removed
+            self.load_selected_model()
+
     def _alert(self, title: str, text: str) -> None:
         """Tell the person something went wrong (the one place; tests replace it)."""
         self.alerts.append((title, text))
@@ -755,3 +780,4 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.replies = ReplyBook()
         self.documents.shutdown()
         self.bridge.shutdown()
+        self.connections.close()

@@ -200,6 +200,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.trash_action = action("&Trash…")
         self.remove_model_action = action("&Remove model from the list…")
         self.settings_action = action("&Preferences…", "Ctrl+,")
+        self.connections_action = action("&Connections…")
         self.chat_settings_action = action("Chat &settings…")
         self.quit_action = action("&Quit", "Ctrl+Q")
         menus = self.menuBar()
@@ -213,7 +214,9 @@ class MainWindow(QtWidgets.QMainWindow):
         chat_menu = menus.addMenu("&Chat")
         for act in (self.search_action, self.stop_action, self.chat_settings_action):
             chat_menu.addAction(act)
-        menus.addMenu("&Settings").addAction(self.settings_action)
+        settings_menu = menus.addMenu("&Settings")
+        settings_menu.addAction(self.settings_action)
+        settings_menu.addAction(self.connections_action)
         self.search_action.triggered.connect(self.focus_search)
         add_menu = QtWidgets.QMenu(self.add_model_button)
         add_menu.addAction(self.add_model_action)

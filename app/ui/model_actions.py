@@ -18,6 +18,7 @@ from app.ui.builtin_models import (LEGACY_KEYS, builtin_for_key, builtin_models,
                                    picker_key, picker_label)
 from app.ui.defaults import DISK_CACHE_FOLDER, DISK_CACHE_KEY, EMBEDDED_KEY, ENGINE_DEFAULTS
 from app.ui.qt import Qt, QTimer, QtWidgets
+from app.ui.remote_models import context_for, picker_entries, route
 
 LOAD_TICK_MS = 1000  # the status bar counts the seconds of a load
 
@@ -106,15 +107,28 @@ class ModelActions:
         for record in self.store.list_models():
             picker.addItem(record.name, record.path)
             picker.setItemData(picker.count() - 1, record.path, Qt.ToolTipRole)
+        for entry in self._remote_entries():  # after the local ones
+            picker.addItem(entry.label, entry.key)
+            picker.setItemData(picker.count() - 1, entry.tooltip, Qt.ToolTipRole)
         wanted = self.model_override or self.store.get_setting("model", default_key())
         builtin = builtin_for_key(wanted)
+        chosen = route(wanted)
         if builtin is not None:
             wanted = picker_key(builtin)
+        elif chosen.kind == "remote" and picker.findData(wanted) < 0:
+            wanted = picker.itemData(0)  # its connection was removed: back to a local model
         elif wanted in LEGACY_KEYS or wanted.startswith("builtin:"):  # e.g. one no longer shipped
             wanted = picker.itemData(0)
         elif picker.findData(wanted) < 0:
             picker.addItem(Path(wanted).name, wanted)
         picker.setCurrentIndex(max(picker.findData(wanted), 0))
+
+    def _remote_entries(self):
+        try:
+            return picker_entries(self.connections.list_connections(), self.store)
+        except StorageError as exc:
+            self.window.statusBar().showMessage(str(exc), 8000)
+            return []
 
     def load_selected_model(self) -> None:
         """Load what the picker shows; the wait is timed from here (the person's action)."""
@@ -123,6 +137,11 @@ class ModelActions:
         self.model_error = ""
         self._update_send_state()
         self._load_started = time.monotonic()
+        chosen = route(key)
+        if chosen.kind == "remote":
+            self._start_load_progress(f"Connecting to {chosen.model}…")
+            self._load_remote(chosen)
+            return
         builtin = builtin_for_key(key) if key else None
         if builtin is not None or key == EMBEDDED_KEY:
             name = builtin.display_name if builtin else "the built-in model"
@@ -131,6 +150,15 @@ class ModelActions:
         else:
             self._start_load_progress(f"Loading {Path(key).name}…")
             self._load_path(key)
+
+    def _load_remote(self, chosen) -> None:
+        try:
+            connection = self.connections.get_connection(chosen.connection_id)
+        except StorageError:
+            self._on_model_failed(f"The connection of {chosen.model} was removed; pick another model.")
+            return
+        self.bridge.load_remote(self.connections, chosen,
+                                context_for(connection, self.store, chosen.model))
 
     def _load_path(self, path: str) -> None:
         settings = self.engine_settings()
@@ -188,7 +216,8 @@ class ModelActions:
         picker = self.window.model_picker
         self._loaded_key = picker.currentData()
         builtin = builtin_for_key(picker.currentData() or "")
-        if builtin is None and picker.currentData() != EMBEDDED_KEY:
+        local = route(picker.currentData()).kind == "local"
+        if builtin is None and local and picker.currentData() != EMBEDDED_KEY:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
         waited = time.monotonic() - self._load_started  # the whole wait, preparing included

@@ -1,0 +1,121 @@
+"""Which backend serves a model picker key, and the picker's remote entries. Qt-free.
+
+The picker holds one key per entry: a local model's path or built-in key, or, for a model
+on a saved connection, `remote:<connection id>:<model name>`. `route(key)` is the one place
+that tells them apart; the controller and the bridge ask it and nothing else.
+
+The model names a connection offers are remembered in the app settings (`remote_models:<id>`,
+a list of [name, context or null]) whenever the server's list is fetched (the Connections
+dialog's Test and Save), so the picker fills at start-up without waiting on the network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.backends.remote import RemoteBackend, RemoteModel, RemoteSettings
+
+REMOTE_PREFIX = "remote:"
+# The context assumed for a remote model whose server does not say and whose size the person
+# has not set (the meter and document fitting need a figure; the server has the last word).
+DEFAULT_REMOTE_CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str  # "local" (engine in this process) or "remote" (a saved connection)
+    key: str
+    connection_id: int | None = None
+    model: str = ""
+
+
+def remote_key(connection_id: int, model: str) -> str:
+    return f"{REMOTE_PREFIX}{connection_id}:{model}"
+
+
+def route(key: str | None) -> Route:
+    """Which backend serves picker key `key`. Anything not a well-formed remote key is local
+    (paths, built-in keys), so local models are never affected by this module."""
+    key = key or ""
+    if key.startswith(REMOTE_PREFIX):
+        ident, sep, model = key[len(REMOTE_PREFIX):].partition(":")
+        if sep and ident.isdigit() and model:
+            return Route("remote", key, int(ident), model)
+    return Route("local", key)
+
+
+def models_setting(connection_id: int) -> str:
+    return f"remote_models:{connection_id}"
+
+
+def remember_models(settings, connection_id: int, models: list[RemoteModel]) -> None:
+    """`settings`: anything with get_setting/set_setting (the ChatStore)."""
+    settings.set_setting(models_setting(connection_id), [[m.name, m.context_length] for m in models])
+
+
+def known_models(settings, connection_id: int) -> list[tuple[str, int | None]]:
+    stored = settings.get_setting(models_setting(connection_id), []) or []
+    return [(str(entry[0]), entry[1] if isinstance(entry[1], int) else None)
+            for entry in stored if isinstance(entry, list) and len(entry) == 2]
+
+
+def forget_models(settings, connection_id: int) -> None:
+    settings.set_setting(models_setting(connection_id), [])
+
+
+@dataclass(frozen=True)
+class PickerEntry:
+    key: str
+    label: str
+    tooltip: str
+
+
+def picker_label(model: str, connection_name: str) -> str:
+    return f"{model} — {connection_name} (remote)"
+
+
+def picker_entries(connections, settings) -> list[PickerEntry]:
+    """Every remembered model of every connection, in the connections' order.
+    `connections`: the saved Connections (ConnectionStore.list_connections())."""
+    entries = []
+    for connection in connections:
+        for name, _context in known_models(settings, connection.id):
+            entries.append(PickerEntry(remote_key(connection.id, name),
+                                       picker_label(name, connection.name),
+                                       f"{name} on {connection.base_url}"))
+    return entries
+
+
+def context_for(connection, settings, model: str) -> int:
+    """The person's size for the model, else the server's, else DEFAULT_REMOTE_CONTEXT."""
+    mine = connection.context_sizes.get(model)
+    if mine:
+        return mine
+    server = dict(known_models(settings, connection.id)).get(model)
+    return server or DEFAULT_REMOTE_CONTEXT
+
+
+@dataclass(frozen=True)
+class RemoteModelInfo:
+    """A chosen remote model, in the shape of the engine's ModelInfo (the fields the window
+    reads), so the controller treats a remote model like a loaded local one."""
+
+    path: str  # the picker key
+    name: str
+    device: str  # where it runs, e.g. "My vLLM (gpu-box:8000)"
+    context_length: int
+    architecture: str = "remote"
+    dtype: str = "remote"
+    load_seconds: float = 0.0
+    policy_label: str = ""
+    policy_reason: str = ""
+
+
+def fetch_models(settings: RemoteSettings) -> list[RemoteModel]:
+    """The server's model list (blocking: call it off the GUI thread). BackendError with a
+    readable message on any failure."""
+    backend = RemoteBackend(settings)
+    try:
+        return backend.list_models()
+    finally:
+        backend.close()

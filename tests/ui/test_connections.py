@@ -1,0 +1,101 @@
+"""Settings → Connections in the real window, against a real HTTP server on loopback that
+answers like vLLM (tests/backends/sse_server.py): a wrong key is refused in words, a saved
+connection's models join the picker, a reply streams in and is saved, and a 401 on a send
+ends that reply with the error while the chat is kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.storage.connections import ConnectionStore, Keychain
+from app.ui.qt import Qt
+from app.ui.view_models import COMPLETE, ERROR
+from tests.backends import transcripts as t
+from tests.backends.sse_server import TranscriptServer, json_answer, sse_answer
+from tests.storage.test_connections import MemoryKeyring, database_bytes
+
+GOOD_KEY = "sk-loopback-good-7731"
+TIMEOUT_MS = 30_000  # loopback answers in milliseconds; this only ends a hang
+
+
+def needs_key(responder):
+    """The route answers only with the right bearer key, as vLLM's --api-key does."""
+    def respond(handler):
+        if handler.headers.get("Authorization") != f"Bearer {GOOD_KEY}":
+            json_answer(401, t.VLLM_401)(handler)
+        else:
+            responder(handler)
+    return respond
+
+
+def shown(view, message_id: int, text: str) -> bool:
+    """The message's widget (built on the view's next update tick) shows `text`."""
+    widget = view.message_widget(message_id)
+    return widget is not None and (text in widget.body.toPlainText()
+                                   or text in widget.error_label.text())
+
+
+@pytest.mark.slow
+@pytest.mark.qt_log_ignore("This plugin does not support")  # offscreen: dialog show()/raise_()
+def test_a_remote_model_answers_in_the_window(driver, qtbot):
+    controller = driver.controller
+    keyring = MemoryKeyring()
+    controller.connections.close()
+    controller.connections = ConnectionStore(driver.store.path, keychain=Keychain(keyring))
+    with TranscriptServer() as server:
+        server.route("GET", "/v1/models", needs_key(json_answer(200, t.VLLM_MODELS)))
+        server.route("POST", "/v1/chat/completions", needs_key(sse_answer(t.vllm_stream())))
+
+        driver.window.connections_action.trigger()
+        dialog = controller.connections_dialog
+        dialog.name.setText("My vLLM")
+        dialog.base_url.setText(server.base_url)
+        dialog.api_key.setText("sk-wrong")
+        qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: not dialog.is_busy(), timeout=TIMEOUT_MS)
+        assert "refused the API key (401): Unauthorized" in dialog.status.text()
+        assert not controller.connections.list_connections()  # Test saves nothing
+
+        dialog.api_key.setText(GOOD_KEY)
+        qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: "model picker" in dialog.status.text(), timeout=TIMEOUT_MS)
+        assert dialog.api_key.text() == ""
+        assert list(keyring.entries.values()) == [GOOD_KEY]
+        assert GOOD_KEY.encode() not in database_bytes(controller.connections)
+
+        picker = driver.window.model_picker
+        index = picker.findText(f"{t.VLLM_MODEL} — My vLLM (remote)")
+        assert index > 0  # after the local models
+        local = picker.itemData(0)
+        picker.setCurrentIndex(index)
+        picker.activated.emit(index)
+        qtbot.waitUntil(lambda: controller.model_info is not None, timeout=TIMEOUT_MS)
+        assert controller.model_info.context_length == 32768  # vLLM's max_model_len
+
+        chat_id = controller.current_chat_id
+        driver.type_and_send("Hello?")
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        reply = driver.path()[-1]
+        assert (reply.content, reply.status) == ("Hello there!", COMPLETE)
+        assert reply.metadata["cached_tokens"] == 1184
+        view = driver.window.message_view
+        qtbot.waitUntil(lambda: shown(view, reply.id, "Hello there!"), timeout=TIMEOUT_MS)
+        sent = server.posts()[0]  # (a title request may follow it)
+        assert sent.headers["authorization"] == f"Bearer {GOOD_KEY}"
+        assert sent.headers["x-session-id"] == str(chat_id)
+        assert sent.json()["messages"][-1] == {"role": "user", "content": "Hello?"}
+
+        # The server stops taking the key: the reply fails in words, the chat stays.
+        server.route("POST", "/v1/chat/completions", json_answer(401, t.VLLM_401))
+        driver.type_and_send("Again?")
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        path = driver.path()
+        assert path[-1].status == ERROR and "refused the API key (401)" in path[-1].error
+        assert [m.content for m in path[:-1]] == ["Hello?", "Hello there!", "Again?"]
+        qtbot.waitUntil(lambda: shown(view, path[-1].id, "refused the API key"), timeout=TIMEOUT_MS)
+
+    # Back to the local model: it loads and serves as before.
+    picker.setCurrentIndex(picker.findData(local))
+    picker.activated.emit(picker.currentIndex())
+    driver.wait_for_model()
+    assert controller.bridge.remote is None and controller.model_info.dtype != "remote"

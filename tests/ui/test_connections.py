@@ -99,3 +99,53 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
     picker.activated.emit(picker.currentIndex())
     driver.wait_for_model()
     assert controller.bridge.remote is None and controller.model_info.dtype != "remote"
+
+
+@pytest.mark.qt_log_ignore("This plugin does not support")
+def test_the_dialog_keeps_keys_out_of_the_database_and_names_each_failure(qtbot, monkeypatch):
+    """No window, no model: the dialog alone on the real stores and a real loopback server."""
+    import socket
+
+    from app.storage import ChatStore
+    from app.ui.connections_dialog import ConnectionsDialog
+    from app.ui.remote_models import known_models
+
+    with ChatStore() as settings, ConnectionStore(settings.path, keychain=Keychain(MemoryKeyring())) as store, \
+            TranscriptServer() as server:
+        server.route("GET", "/v1/models", needs_key(json_answer(200, t.VLLM_MODELS)))
+        dialog = ConnectionsDialog(store, settings)
+        qtbot.addWidget(dialog)
+        changes = []
+        dialog.changed.connect(lambda: changes.append(1))
+
+        # Nothing listens on a port just closed: refused, said as such.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed_port = probe.getsockname()[1]
+        dialog.name.setText("Down")
+        dialog.base_url.setText(f"http://127.0.0.1:{closed_port}")
+        qtbot.mouseClick(dialog.test_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: not dialog.is_busy(), timeout=TIMEOUT_MS)
+        assert "connection refused" in dialog.status.text()
+
+        dialog.base_url.setText("gpu-box:8000")  # no scheme: refused before any request
+        qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
+        assert "must start with http://" in dialog.status.text() and not store.list_connections()
+
+        # The key from an environment variable: nothing goes to the keychain.
+        monkeypatch.setenv("FERROX_TEST_KEY", GOOD_KEY)
+        dialog.name.setText("Env box")
+        dialog.base_url.setText(server.base_url)
+        dialog.use_env.setChecked(True)
+        dialog.env_name.setText("FERROX_TEST_KEY")
+        qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: "model picker" in dialog.status.text(), timeout=TIMEOUT_MS)
+        (saved,) = store.list_connections()
+        assert saved.api_key_env == "FERROX_TEST_KEY" and not store.keychain._keyring().entries
+        assert known_models(settings, saved.id) == [(t.VLLM_MODEL, 32768)]
+        assert GOOD_KEY.encode() not in database_bytes(store)
+
+        dialog.list.setCurrentRow(0)
+        qtbot.mouseClick(dialog.remove_button, Qt.LeftButton)
+        assert not store.list_connections() and known_models(settings, saved.id) == []
+        assert changes  # the picker was told each time

@@ -33,7 +33,7 @@ from app.engine.events import Event, Failed, Finished, Token
 from app.engine.logits_processors import logit_bias
 from app.engine.runner import EngineRunner
 from app.engine.sampling import SamplingParams
-from app.models.chat_template import encode_chat
+from app.models.chat_template import chat_prompt
 from app.models.loader import LoadedModel
 from app.server.fim import fim_prompt
 from app.server.grammar import GrammarError, GrammarFactory
@@ -98,13 +98,15 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
         messages = [m.to_message() for m in body.messages]
         rendered_tools = tools.definitions if tools is not None else None
         try:  # off the event loop: a long conversation takes a while to tokenize
-            prompt_ids = await asyncio.to_thread(encode_chat, tokenizer, loaded.template,
-                                                 messages, tools=rendered_tools)
+            prompt = await asyncio.to_thread(chat_prompt, tokenizer, loaded.template,
+                                             messages, tools=rendered_tools)
         except ValueError as exc:  # e.g. a model's template refusing the order of roles
             raise ApiError(400, f"The conversation cannot be formatted for this model: {exc}",
                            param="messages") from None
+        prompt_ids = prompt.ids
         if tools is None:
-            answer = ChatFormat(model_id, tokenizer, body.logprobs_count, body.include_usage)
+            answer = ChatFormat(model_id, tokenizer, body.logprobs_count, body.include_usage,
+                                starts_in_reasoning=prompt.starts_in_reasoning)
         else:
             answer = ToolChatFormat(model_id, tokenizer, body.logprobs_count,
                                     body.include_usage, tools.syntax, tools.names,

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.engine.events import Finished, Token, Usage
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message
+from app.models.reasoning import ReasoningSplitter, split_reasoning
 
 DEFAULT_MAX_TOKENS = 4096  # reply budget when the request names none (capped by the context)
 
@@ -441,27 +442,53 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
+    """A chat answer. A reasoning model's thinking (`<think>…</think>`, or everything before
+    `</think>` when the prompt opened the tag) goes out as `reasoning_content`, apart from
+    `content`, as vLLM and DeepSeek's API send it; a reply without thinking has no such key."""
+
     prefix = "chatcmpl"
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
+
+    def __init__(self, model_id: str, tokenizer, logprobs: int | None, include_usage: bool,
+                 *, starts_in_reasoning: bool = False):
+        super().__init__(model_id, tokenizer, logprobs, include_usage)
+        self._starts_in_reasoning = starts_in_reasoning
+        self._splitter = ReasoningSplitter(starts_in_reasoning=starts_in_reasoning)
 
     def opening(self) -> list[dict]:
         return [self.chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
                             "logprobs": None, "finish_reason": None})]
 
-    def token_chunk(self, tokens: list[Token]) -> dict:
-        text = "".join(t.text for t in tokens)
-        return self.chunk({"index": 0, "delta": {"content": text},
-                           "logprobs": self._logprobs(tokens), "finish_reason": None})
+    def token_chunk(self, tokens: list[Token]) -> dict | None:
+        thinking, answer = self._splitter.push("".join(t.text for t in tokens))
+        return self._text_chunk(thinking, answer, self._logprobs(tokens))
+
+    def _text_chunk(self, thinking: str, answer: str, logprobs: dict | None) -> dict | None:
+        if not thinking and not answer and logprobs is None:
+            return None  # held back (a tag may be forming): nothing to say yet
+        delta = {"reasoning_content": thinking} if thinking else {}
+        if answer or not thinking:
+            delta["content"] = answer
+        return self.chunk({"index": 0, "delta": delta, "logprobs": logprobs,
+                           "finish_reason": None})
+
+    def end_chunks(self, finish_reason: str) -> list[dict]:
+        rest = self._text_chunk(*self._splitter.flush(), None)
+        return ([rest] if rest is not None else []) + [self.end_chunk(finish_reason)]
 
     def end_chunk(self, finish_reason: str) -> dict:
         return self.chunk({"index": 0, "delta": {}, "logprobs": None,
                            "finish_reason": finish_reason})
 
     def choice(self, tokens: list[Token], finished: Finished) -> dict:
-        return {"index": 0,
-                "message": {"role": "assistant", "content": finished.text, "refusal": None},
-                "logprobs": self._logprobs(tokens), "finish_reason": finished.finish_reason}
+        reasoning, answer = split_reasoning(finished.text,
+                                            starts_in_reasoning=self._starts_in_reasoning)
+        message = {"role": "assistant", "content": answer, "refusal": None}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        return {"index": 0, "message": message, "logprobs": self._logprobs(tokens),
+                "finish_reason": finished.finish_reason}
 
     def _logprobs(self, tokens: list[Token]) -> dict | None:
         if self.logprobs is None:

@@ -94,6 +94,23 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         assert [m.content for m in path[:-1]] == ["Hello?", "Hello there!", "Again?"]
         qtbot.waitUntil(lambda: shown(view, path[-1].id, "refused the API key"), timeout=TIMEOUT_MS)
 
+        # Rate-limited: the wait the server asks for is said; Retry (the reply's Regenerate
+        # button) sends again once the server takes requests.
+        server.route("POST", "/v1/chat/completions",
+                     json_answer(429, t.RATE_LIMITED, headers={"Retry-After": "7"}))
+        qtbot.mouseClick(driver.window.message_view.message_widget(path[-1].id).regenerate_button,
+                         Qt.LeftButton)
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        failed = driver.path()[-1]
+        assert failed.status == ERROR and "(429)" in failed.error and "Try again in 7 s" in failed.error
+        server.route("POST", "/v1/chat/completions", needs_key(sse_answer(t.vllm_stream())))
+        qtbot.waitUntil(lambda: shown(view, failed.id, "Try again in 7 s"), timeout=TIMEOUT_MS)
+        qtbot.mouseClick(view.message_widget(failed.id).regenerate_button, Qt.LeftButton)
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        retried = driver.path()[-1]
+        assert (retried.content, retried.status) == ("Hello there!", COMPLETE)
+        assert driver.store.versions(retried.id).count == 3  # the two failures stay as versions
+
     # Back to the local model: it loads and serves as before.
     picker.setCurrentIndex(picker.findData(local))
     picker.activated.emit(picker.currentIndex())

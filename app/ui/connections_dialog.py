@@ -17,6 +17,7 @@ import os
 from app.backends.base import BackendError
 from app.backends.base_url import BaseUrlError
 from app.backends.remote import RemoteSettings
+from app.storage.connections import DEFAULT_SESSION_HEADER
 from app.storage.errors import StorageError
 from app.ui.background import run_in_background
 from app.ui.qt import Qt, QtWidgets, Signal
@@ -24,6 +25,28 @@ from app.ui.remote_models import fetch_models, forget_models, remember_models
 
 NEW = None  # the form edits a connection not saved yet
 SHOWN_MODELS = 8
+
+
+def parse_context_sizes(text: str) -> dict[str, int]:
+    """"model = tokens" lines (blank lines skipped) into a dict; StorageError says which line
+    is wrong. The store checks the ranges."""
+    sizes: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        model, sep, tokens = line.rpartition("=")
+        try:
+            if not sep or not model.strip():
+                raise ValueError
+            sizes[model.strip()] = int(tokens.strip().replace(",", "").replace("_", ""))
+        except ValueError:
+            raise StorageError(f"Context sizes, line {number}: write it as “model = tokens”, "
+                               f"for example “llama3.3:70b = 32768”, not {line.strip()!r}.") from None
+    return sizes
+
+
+def format_context_sizes(sizes: dict[str, int]) -> str:
+    return "\n".join(f"{model} = {tokens}" for model, tokens in sizes.items())
 
 
 class ConnectionsDialog(QtWidgets.QDialog):
@@ -63,6 +86,14 @@ class ConnectionsDialog(QtWidgets.QDialog):
         self.api_key.setEchoMode(QtWidgets.QLineEdit.Password)
         self.env_name = QtWidgets.QLineEdit(objectName="connectionEnv")
         self.env_name.setPlaceholderText("FERROX_API_KEY")
+        self.session_header = QtWidgets.QLineEdit(DEFAULT_SESSION_HEADER, objectName="sessionHeader")
+        self.session_header.setToolTip("Sent with every request of a chat, so a prefix-aware "
+                                       "router (SGLang router, vLLM production-stack) keeps the "
+                                       "chat on one worker")
+        self.context_sizes = QtWidgets.QPlainTextEdit(objectName="contextSizes")
+        self.context_sizes.setPlaceholderText("model = tokens, one a line (empty: what the server "
+                                              "says, else 8192)")
+        self.context_sizes.setMaximumHeight(70)
         self.use_keychain.toggled.connect(self._show_key_mode)
         self.keychain_note = QtWidgets.QLabel(wordWrap=True)
         problem = connections.keychain.problem()
@@ -79,6 +110,8 @@ class ConnectionsDialog(QtWidgets.QDialog):
         form.addRow(self.use_env)
         form.addRow("Variable:", self.env_name)
         form.addRow(self.keychain_note)
+        form.addRow("Session header:", self.session_header)
+        form.addRow("Context sizes:", self.context_sizes)
 
         self.save_button = QtWidgets.QPushButton("Save", objectName="saveConnection")
         self.save_button.clicked.connect(self.save)
@@ -131,8 +164,9 @@ class ConnectionsDialog(QtWidgets.QDialog):
     def start_new(self) -> None:
         self._editing = NEW
         self.list.setCurrentRow(-1)
-        for field in (self.name, self.base_url, self.api_key, self.env_name):
+        for field in (self.name, self.base_url, self.api_key, self.env_name, self.context_sizes):
             field.clear()
+        self.session_header.setText(DEFAULT_SESSION_HEADER)
         self.api_key.setPlaceholderText("none")
         self._say("")
         self.name.setFocus()
@@ -152,6 +186,8 @@ class ConnectionsDialog(QtWidgets.QDialog):
         self.api_key.clear()
         self.api_key.setPlaceholderText("unchanged (type a new key to replace it)")
         self.env_name.setText(connection.api_key_env or "")
+        self.session_header.setText(connection.session_header)
+        self.context_sizes.setPlainText(format_context_sizes(connection.context_sizes))
         (self.use_env if connection.api_key_env else self.use_keychain).setChecked(True)
         self._say("")
 
@@ -167,14 +203,16 @@ class ConnectionsDialog(QtWidgets.QDialog):
         env = self.env_name.text().strip() if self.use_env.isChecked() else ""
         key = self.api_key.text() if self.use_keychain.isChecked() else ""
         try:
+            extra = {"session_header": self.session_header.text(),
+                     "context_sizes": parse_context_sizes(self.context_sizes.toPlainText())}
             if self._editing is NEW:
                 saved = self.connections.add_connection(
                     self.name.text(), self.base_url.text(), api_key=key or None,
-                    api_key_env=env or None)
+                    api_key_env=env or None, **extra)
             else:
                 saved = self.connections.update_connection(
                     self._editing, name=self.name.text(), base_url=self.base_url.text(),
-                    api_key_env=env or None)
+                    api_key_env=env or None, **extra)
                 if env:
                     self.connections.set_api_key(saved.id, None)  # the variable replaces it
                 elif key.strip():

@@ -155,11 +155,15 @@ def test_the_dialog_keeps_keys_out_of_the_database_and_names_each_failure(qtbot,
         dialog.base_url.setText(server.base_url)
         dialog.use_env.setChecked(True)
         dialog.env_name.setText("FERROX_TEST_KEY")
+        dialog.session_header.setText("X-Chat")
+        dialog.context_sizes.setPlainText(f"{t.VLLM_MODEL} = 16384")
         qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
         qtbot.waitUntil(lambda: "model picker" in dialog.status.text(), timeout=TIMEOUT_MS)
         (saved,) = store.list_connections()
         assert saved.api_key_env == "FERROX_TEST_KEY" and not store.keychain._keyring().entries
         assert known_models(settings, saved.id) == [(t.VLLM_MODEL, 32768)]
+        assert (saved.session_header, saved.context_sizes) == ("X-Chat", {t.VLLM_MODEL: 16384})
+        assert dialog.context_sizes.toPlainText() == f"{t.VLLM_MODEL} = 16384"  # shown again
         assert GOOD_KEY.encode() not in database_bytes(store)
 
         dialog.list.setCurrentRow(0)

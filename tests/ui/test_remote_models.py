@@ -29,3 +29,16 @@ def test_picker_entries_follow_the_remembered_lists_and_context_sizes():
         assert route(entries[0].key).connection_id == box.id
         box = store.get_connection(box.id)
         assert [context_for(box, settings, m) for m in "abc"] == [32768, 4096, DEFAULT_REMOTE_CONTEXT]
+
+
+def test_context_sizes_are_typed_as_lines():
+    import pytest
+
+    from app.storage import StorageError
+    from app.ui.connections_dialog import format_context_sizes, parse_context_sizes
+
+    sizes = parse_context_sizes("llama3.3:70b = 32,768\n\n org/model=8192 \n")
+    assert sizes == {"llama3.3:70b": 32768, "org/model": 8192}
+    assert parse_context_sizes(format_context_sizes(sizes)) == sizes
+    with pytest.raises(StorageError, match="line 2"):
+        parse_context_sizes("a = 1\nb = lots")

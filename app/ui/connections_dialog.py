@@ -51,6 +51,7 @@ def format_context_sizes(sizes: dict[str, int]) -> str:
 
 class ConnectionsDialog(QtWidgets.QDialog):
     changed = Signal()  # connections or their model lists changed: refresh the picker
+    saved = Signal(int)  # this connection's settings or key were saved: rebuild its backend
 
     def __init__(self, connections, settings, parent=None):
         """`connections`: a ConnectionStore; `settings`: the ChatStore (remembered lists)."""
@@ -160,6 +161,8 @@ class ConnectionsDialog(QtWidgets.QDialog):
         self.remove_button.setEnabled(self.list.currentItem() is not None)
         if select is None:
             self.start_new()
+        else:
+            self._editing = select  # the form now edits the saved connection
 
     def start_new(self) -> None:
         self._editing = NEW
@@ -223,6 +226,7 @@ class ConnectionsDialog(QtWidgets.QDialog):
         self.api_key.clear()  # the key is in the keychain now, not in a widget
         self.refresh(select=saved.id)
         self.changed.emit()
+        self.saved.emit(saved.id)
         self._say(f"Saved {saved.name}. Asking the server for its models…")
         self._list_models(saved.id)
         return True

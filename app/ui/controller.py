@@ -30,6 +30,7 @@ from app.ui.document_plan import (PASSAGES_KEY, chat_mode, cited_passages, is_se
 from app.ui.retrieval_worker import RetrievalWorker
 from app.ui.main_window import MainWindow
 from app.ui.model_actions import ModelActions
+from app.ui.remote_models import route
 from app.ui.qt import QObject, Qt, QTimer, QtWidgets
 from app.ui.reasoning_view import split_reply
 from app.ui.replies import SAVE_INTERVAL_MS, ActiveReply, ReplyBook
@@ -743,8 +744,22 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         if self.connections_dialog is None:
             self.connections_dialog = ConnectionsDialog(self.connections, self.store, self.window)
             self.connections_dialog.changed.connect(self._on_connections_changed)
+            self.connections_dialog.saved.connect(self._on_connection_saved)
         self.connections_dialog.show()
         self.connections_dialog.raise_()
+
+    def _on_connection_saved(self, connection_id: int) -> None:
+        """The loaded remote model's connection changed (URL, key, header): the next replies
+        use the new settings. A running reply finishes on the old ones first."""
+        loaded = route(self._loaded_key)
+        if loaded.kind != "remote" or loaded.connection_id != connection_id:
+            return
+        if self.replies:
+            self.window.statusBar().showMessage(
+                "The connection's new settings apply once the running replies end and the "
+                "model is picked again.", 8000)
+            return
+        self.load_selected_model()
 
     def _on_connections_changed(self) -> None:
         """The picker is rebuilt, keeping what it shows (unless that connection is gone)."""

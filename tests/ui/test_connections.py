@@ -111,6 +111,16 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         assert (retried.content, retried.status) == ("Hello there!", COMPLETE)
         assert driver.store.versions(retried.id).count == 3  # the two failures stay as versions
 
+        # A new key saved in the dialog is used at once by the loaded remote model.
+        dialog.list.setCurrentRow(0)
+        dialog.api_key.setText("sk-revoked")
+        qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: controller.model_info is not None, timeout=TIMEOUT_MS)
+        driver.type_and_send("Still there?")
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        assert "refused the API key (401)" in driver.path()[-1].error
+        assert server.posts()[-1].headers["authorization"] == "Bearer sk-revoked"
+
     # Back to the local model: it loads and serves as before.
     picker.setCurrentIndex(picker.findData(local))
     picker.activated.emit(picker.currentIndex())

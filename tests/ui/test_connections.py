@@ -9,7 +9,7 @@ import pytest
 
 from app.storage.connections import ConnectionStore, Keychain
 from app.ui.qt import Qt
-from app.ui.view_models import COMPLETE, ERROR
+from app.ui.view_models import COMPLETE, ERROR, STOPPED
 from tests.backends import transcripts as t
 from tests.backends.sse_server import TranscriptServer, json_answer, sse_answer
 from tests.storage.test_connections import MemoryKeyring, database_bytes
@@ -120,6 +120,17 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         driver.wait_until_idle(timeout=TIMEOUT_MS)
         assert "refused the API key (401)" in driver.path()[-1].error
         assert server.posts()[-1].headers["authorization"] == "Bearer sk-revoked"
+
+        # Stop closes a stalled stream at once; the text so far is saved.
+        server.route("POST", "/v1/chat/completions", sse_answer(t.vllm_stream(), stall_after=2))
+        driver.type_and_send("Slowly?")
+        chat_id = controller.current_chat_id
+        qtbot.waitUntil(lambda: controller.replies.for_chat(chat_id) is not None
+                        and controller.replies.for_chat(chat_id).text == "Hello", timeout=TIMEOUT_MS)
+        driver.window.stop_action.trigger()
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        stopped = driver.path()[-1]
+        assert (stopped.content, stopped.status) == ("Hello", STOPPED)
 
     # Back to the local model: it loads and serves as before.
     picker.setCurrentIndex(picker.findData(local))

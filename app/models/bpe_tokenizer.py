@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +33,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from app.models.errors import ModelError
-from app.models.tokenizer import (BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, StreamDecoder,
+from app.models.tokenizer import (BYTE, CONTROL, NORMAL, USER_DEFINED, VocabTokenizer, gguf_token_id,
                                   with_llama_cpp_control)
 
 if TYPE_CHECKING:
@@ -90,10 +89,9 @@ def _sentencepiece_bytes(piece: str) -> bytes:
     return piece.replace("\u2581", " ").encode("utf-8")
 
 
-class BPETokenizer:
-    """Encode and decode text with a `tokenizers` BPE model; the same interface as
-    `app.models.tokenizer.Tokenizer` (vocab_size, bos_id, eos_id, add_bos, encode, decode,
-    stream_decoder, token_id, piece, control_ids)."""
+class BPETokenizer(VocabTokenizer):
+    """Encode and decode text with a `tokenizers` BPE model; lookups and decoding are
+    `VocabTokenizer`'s, shared with the SentencePiece tokenizer."""
 
     def __init__(
         self,
@@ -111,22 +109,11 @@ class BPETokenizer:
         add_eos: bool = False,
         name: str = "model",
     ):
+        super().__init__(tokens, types, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                         unk_id=unk_id, add_bos=add_bos, add_eos=add_eos, name=name)
         self._special = special  # CONTROL tokens in the text become their ids
         self._plain = plain  # only USER_DEFINED ones do
-        self._tokens = tokens
-        self._types = types
         self._byte_level = byte_level
-        self.vocab_size = len(tokens)
-        self.bos_id, self.eos_id, self.pad_id, self.unk_id = bos_id, eos_id, pad_id, unk_id
-        self.add_bos, self.add_eos = add_bos, add_eos
-        self.name = name
-        self.control_ids: frozenset[int] = frozenset(np.flatnonzero(types == CONTROL).tolist())
-        hidden = (types == CONTROL) | (types == UNKNOWN) | (types == UNUSED)
-        self._hidden_ids = frozenset(np.flatnonzero(hidden).tolist())
-        self._ids_by_piece: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            self._ids_by_piece.setdefault(t, i)
-        self._bytes_cache: dict[int, bytes] = {}
 
     # -- construction ------------------------------------------------------------------------
 
@@ -186,16 +173,7 @@ class BPETokenizer:
         plain.encode_special_tokens = True
 
         def special_id(key: str) -> int | None:
-            value = meta.get(f"tokenizer.ggml.{key}_token_id")
-            if value is None:
-                return None
-            try:
-                value = int(value)
-            except (TypeError, ValueError):
-                raise ModelError(f"{bad}: tokenizer.ggml.{key}_token_id is not a number.") from None
-            if not 0 <= value < n:
-                raise ModelError(f"{bad}: tokenizer.ggml.{key}_token_id {value} is outside the {n}-token vocabulary.")
-            return value
+            return gguf_token_id(meta, key, n, bad)
 
         return cls(
             special, plain, list(tokens), types, byte_level=True,
@@ -254,23 +232,6 @@ class BPETokenizer:
             add_bos=bool(add_bos), add_eos=bool(config.get("add_eos_token", False)), name=folder.name,
         )
 
-    # -- lookups -----------------------------------------------------------------------------
-
-    def token_id(self, piece: str) -> int | None:
-        """The id of the token stored as `piece`, or None."""
-        return self._ids_by_piece.get(piece)
-
-    def piece(self, token_id: int) -> str:
-        self._check_id(token_id)
-        return self._tokens[token_id]
-
-    def is_control(self, token_id: int) -> bool:
-        return token_id in self.control_ids
-
-    def _check_id(self, token_id: int) -> None:
-        if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the {self.vocab_size}-token vocabulary")
-
     # -- encoding ----------------------------------------------------------------------------
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
@@ -287,35 +248,10 @@ class BPETokenizer:
 
     # -- decoding ----------------------------------------------------------------------------
 
-    def _raw_bytes(self, token_id: int) -> bytes:
-        cached = self._bytes_cache.get(token_id)
-        if cached is not None:
-            return cached
-        self._check_id(token_id)
-        piece = self._tokens[token_id]
-        kind = int(self._types[token_id])
+    def _render(self, piece: str, kind: int) -> bytes:
         if kind in (NORMAL, BYTE):
-            raw = _byte_level_bytes(piece) if self._byte_level else _sentencepiece_bytes(piece)
-        else:
-            raw = piece.encode("utf-8")
-        self._bytes_cache[token_id] = raw
-        return raw
-
-    def _piece_bytes_fn(self, skip_special: bool):
-        raw, hidden = self._raw_bytes, self._hidden_ids
-        if not skip_special:
-            return raw
-        return lambda token_id: b"" if token_id in hidden else raw(token_id)
-
-    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
-        to_bytes = self._piece_bytes_fn(skip_special)
-        return b"".join(to_bytes(int(i)) for i in ids).decode("utf-8", "replace")
-
-    def stream_decoder(self, *, skip_special: bool = True) -> StreamDecoder:
-        return StreamDecoder(self, skip_special=skip_special)
-
-    def __repr__(self) -> str:
-        return f"<BPETokenizer {self.name}: {self.vocab_size} tokens>"
+            return _byte_level_bytes(piece) if self._byte_level else _sentencepiece_bytes(piece)
+        return piece.encode("utf-8")
 
 
 def _read_json(path: Path) -> dict:

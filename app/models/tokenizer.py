@@ -144,7 +144,7 @@ class StreamDecoder:
     leftovers become U+FFFD). All pushes plus the flush equal `Tokenizer.decode` of the ids.
     """
 
-    def __init__(self, tokenizer: "Tokenizer", skip_special: bool = True):
+    def __init__(self, tokenizer: "VocabTokenizer", skip_special: bool = True):
         self._bytes_of = tokenizer._piece_bytes_fn(skip_special)
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
@@ -157,7 +157,101 @@ class StreamDecoder:
         return text
 
 
-class Tokenizer:
+class VocabTokenizer:
+    """What every tokenizer here shares: the vocabulary (pieces and their GGUF token types),
+    the special ids, lookups, and decoding by per-id bytes (so `StreamDecoder` equals
+    `decode`). Subclasses encode, and say what bytes a piece renders as (`_render`)."""
+
+    def __init__(self, tokens: list[str], types: np.ndarray, *, bos_id: int | None,
+                 eos_id: int | None, pad_id: int | None, unk_id: int | None, add_bos: bool,
+                 add_eos: bool = False, name: str = "model"):
+        self._tokens = tokens
+        self._types = types
+        self.vocab_size = len(tokens)
+        self.bos_id, self.eos_id, self.pad_id, self.unk_id = bos_id, eos_id, pad_id, unk_id
+        self.add_bos, self.add_eos = add_bos, add_eos
+        self.name = name
+        self.control_ids: frozenset[int] = frozenset(np.flatnonzero(types == CONTROL).tolist())
+        # Ids that decode to nothing with skip_special: control, unknown and unused pieces.
+        hidden = (types == CONTROL) | (types == UNKNOWN) | (types == UNUSED)
+        self._hidden_ids = frozenset(np.flatnonzero(hidden).tolist())
+        self._bytes_cache: dict[int, bytes] = {}
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    @cached_property
+    def _ids_by_piece(self) -> dict[str, int]:
+        ids: dict[str, int] = {}
+        for i, t in enumerate(self._tokens):
+            ids.setdefault(t, i)
+        return ids
+
+    def token_id(self, piece: str) -> int | None:
+        """The id of the token stored as `piece`, or None."""
+        return self._ids_by_piece.get(piece)
+
+    def piece(self, token_id: int) -> str:
+        """The token's text as the vocabulary stores it."""
+        self._check_id(token_id)
+        return self._tokens[token_id]
+
+    def is_control(self, token_id: int) -> bool:
+        return token_id in self.control_ids
+
+    def _check_id(self, token_id: int) -> None:
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the {self.vocab_size}-token vocabulary")
+
+    # -- decoding ----------------------------------------------------------------------------
+
+    def _render(self, piece: str, kind: int) -> bytes:
+        """The bytes token `piece` of GGUF type `kind` renders as."""
+        raise NotImplementedError
+
+    def _raw_bytes(self, token_id: int) -> bytes:
+        """What the token renders as (special tokens as their text), cached per id."""
+        cached = self._bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        self._check_id(token_id)
+        raw = self._bytes_cache[token_id] = self._render(self._tokens[token_id],
+                                                         int(self._types[token_id]))
+        return raw
+
+    def _piece_bytes_fn(self, skip_special: bool):
+        raw, hidden = self._raw_bytes, self._hidden_ids
+        if not skip_special:
+            return raw
+        return lambda token_id: b"" if token_id in hidden else raw(token_id)
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """The text of `ids`. Control (and unknown/unused) tokens are dropped with
+        `skip_special`, else shown as their text; invalid UTF-8 becomes U+FFFD."""
+        to_bytes = self._piece_bytes_fn(skip_special)
+        return b"".join(to_bytes(int(i)) for i in ids).decode("utf-8", "replace")
+
+    def stream_decoder(self, *, skip_special: bool = True) -> StreamDecoder:
+        return StreamDecoder(self, skip_special=skip_special)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {self.vocab_size} tokens>"
+
+
+def gguf_token_id(meta: dict, key: str, n: int, bad: str) -> int | None:
+    """tokenizer.ggml.<key>_token_id, checked against an n-token vocabulary (None if absent)."""
+    value = meta.get(f"tokenizer.ggml.{key}_token_id")
+    if value is None:
+        return None
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise ModelError(f"{bad}: tokenizer.ggml.{key}_token_id is not a number.") from None
+    if not 0 <= value < n:
+        raise ModelError(f"{bad}: tokenizer.ggml.{key}_token_id {value} is outside the {n}-token vocabulary.")
+    return value
+
+
+class Tokenizer(VocabTokenizer):
     """Encode and decode text for a GGUF model with a SentencePiece vocabulary."""
 
     def __init__(
@@ -173,25 +267,13 @@ class Tokenizer:
         add_bos: bool,
         name: str = "model",
     ):
+        super().__init__(tokens, types, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                         unk_id=unk_id, add_bos=add_bos, name=name)
         self._sp = sp
-        self._tokens = tokens
-        self._types = types
-        self.vocab_size = len(tokens)
-        self.bos_id = bos_id
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.unk_id = unk_id
-        self.add_bos = add_bos
-        self.name = name
-        control = np.flatnonzero(types == CONTROL)
-        self.control_ids: frozenset[int] = frozenset(control.tolist())
-        # Ids that decode to nothing with skip_special: control, unknown and unused pieces.
-        hidden = np.flatnonzero((types == CONTROL) | (types == UNKNOWN) | (types == UNUSED))
-        self._hidden_ids = frozenset(hidden.tolist())
         # Control-token strings for `encode(special=True)`, grouped by first character with
         # their lengths longest first.
         by_first: dict[str, set[str]] = {}
-        for i in control.tolist():
+        for i in self.control_ids:
             text = tokens[i]
             if text:
                 by_first.setdefault(text[0], set()).add(text)
@@ -201,7 +283,6 @@ class Tokenizer:
         self._control_start = (
             re.compile("[" + "".join(re.escape(c) for c in sorted(by_first)) + "]") if by_first else None
         )
-        self._bytes_cache: dict[int, bytes] = {}
 
     # -- construction ------------------------------------------------------------------------
 
@@ -246,16 +327,7 @@ class Tokenizer:
             raise ModelError(f"{bad}: token #{i} is empty.")
 
         def special_id(key: str) -> int | None:
-            value = meta.get(f"tokenizer.ggml.{key}_token_id")
-            if value is None:
-                return None
-            try:
-                value = int(value)
-            except (TypeError, ValueError):
-                raise ModelError(f"{bad}: tokenizer.ggml.{key}_token_id is not a number.") from None
-            if not 0 <= value < n:
-                raise ModelError(f"{bad}: tokenizer.ggml.{key}_token_id {value} is outside the {n}-token vocabulary.")
-            return value
+            return gguf_token_id(meta, key, n, bad)
 
         bos_id, eos_id, pad_id = special_id("bos"), special_id("eos"), special_id("padding")
         unk_id = special_id("unknown")
@@ -297,31 +369,6 @@ class Tokenizer:
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
             name=name,
         )
-
-    # -- lookups -----------------------------------------------------------------------------
-
-    @cached_property
-    def _ids_by_piece(self) -> dict[str, int]:
-        ids: dict[str, int] = {}
-        for i, t in enumerate(self._tokens):
-            ids.setdefault(t, i)
-        return ids
-
-    def token_id(self, piece: str) -> int | None:
-        """The id of the token stored as `piece` in the GGUF, or None."""
-        return self._ids_by_piece.get(piece)
-
-    def piece(self, token_id: int) -> str:
-        """The token's text as the GGUF stores it ('▁' for spaces in normal pieces)."""
-        self._check_id(token_id)
-        return self._tokens[token_id]
-
-    def is_control(self, token_id: int) -> bool:
-        return token_id in self.control_ids
-
-    def _check_id(self, token_id: int) -> None:
-        if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the {self.vocab_size}-token vocabulary")
 
     # -- encoding ----------------------------------------------------------------------------
 
@@ -376,40 +423,12 @@ class Tokenizer:
 
     # -- decoding ----------------------------------------------------------------------------
 
-    def _raw_bytes(self, token_id: int) -> bytes:
-        """What the token renders as (special tokens as their text), cached per id."""
-        cached = self._bytes_cache.get(token_id)
-        if cached is not None:
-            return cached
-        self._check_id(token_id)
-        text = self._tokens[token_id]
-        kind = int(self._types[token_id])
+    def _render(self, text: str, kind: int) -> bytes:
         if kind == BYTE and (m := _BYTE_PIECE.fullmatch(text)):
-            raw = bytes((int(m.group(1), 16),))
-        elif kind == NORMAL:
-            raw = text.replace(_WS, " ").encode("utf-8")
-        else:
-            raw = text.encode("utf-8")
-        self._bytes_cache[token_id] = raw
-        return raw
-
-    def _piece_bytes_fn(self, skip_special: bool):
-        raw, hidden = self._raw_bytes, self._hidden_ids
-        if not skip_special:
-            return raw
-        return lambda token_id: b"" if token_id in hidden else raw(token_id)
-
-    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
-        """The text of `ids`. Control (and unknown/unused) tokens are dropped with
-        `skip_special`, else shown as their text; invalid UTF-8 becomes U+FFFD."""
-        to_bytes = self._piece_bytes_fn(skip_special)
-        return b"".join(to_bytes(int(i)) for i in ids).decode("utf-8", "replace")
-
-    def stream_decoder(self, *, skip_special: bool = True) -> StreamDecoder:
-        return StreamDecoder(self, skip_special=skip_special)
-
-    def __repr__(self) -> str:
-        return f"<Tokenizer {self.name}: {self.vocab_size} tokens>"
+            return bytes((int(m.group(1), 16),))
+        if kind == NORMAL:
+            return text.replace(_WS, " ").encode("utf-8")
+        return text.encode("utf-8")
 
 
 def tokenizer_from_gguf(gguf: "GGUFFile"):

@@ -28,7 +28,6 @@ from app.engine.kv_disk import KVDiskStore, StoreIdentity, default_budget_bytes
 from app.engine.sampling import SamplingParams
 from app.engine.session import ModelSession, NoModelError
 from app.models.chat_template import Message
-from app.models.embedded import ensure_embedded_model
 from app.ui.builtin_models import ensure_builtin, refusal_of
 from app.models.errors import ModelError
 from app.models.model_facts import read_model_facts
@@ -48,7 +47,6 @@ class EngineBridge(QObject):
     _count = Signal(str, str)
     _read_document = Signal(str, str)
     _inspect = Signal(str)
-    _prepare_embedded = Signal(str)
     _prepare_builtin = Signal(str, str)
     _continue = Signal(str, object, str, object, object)
     _count_chat = Signal(int, object)
@@ -88,7 +86,6 @@ class EngineBridge(QObject):
         self._count.connect(self._do_count)
         self._read_document.connect(self._do_read_document)
         self._inspect.connect(self._do_inspect)
-        self._prepare_embedded.connect(self._do_prepare_embedded)
         self._prepare_builtin.connect(self._do_prepare_builtin)
         self._continue.connect(self._do_continue)
         self._count_chat.connect(self._do_count_chat)
@@ -102,9 +99,6 @@ class EngineBridge(QObject):
         atexit.register(self.shutdown)
 
     # ---- called from the GUI thread ----------------------------------------------------
-
-    def prepare_embedded(self, models_dir: str) -> None:
-        self._prepare_embedded.emit(models_dir)
 
     def prepare_builtin(self, key: str, models_dir: str) -> None:
         """Put built-in model `key` in `models_dir` (embeddedProgress, then embeddedReady)."""
@@ -188,15 +182,6 @@ class EngineBridge(QObject):
         self._thread.wait(10_000)
 
     # ---- the worker thread -------------------------------------------------------------
-
-    @Slot(str)
-    def _do_prepare_embedded(self, models_dir: str) -> None:
-        try:
-            path = ensure_embedded_model(models_dir, self.embeddedProgress.emit)
-        except ModelError as exc:
-            self.modelFailed.emit(str(exc))
-            return
-        self.embeddedReady.emit(str(path))
 
     @Slot(str, str)
     def _do_prepare_builtin(self, key: str, models_dir: str) -> None:

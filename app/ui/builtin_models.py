@@ -25,8 +25,7 @@ def picker_key(model) -> str:
 
 
 def default_key() -> str:
-    models = builtin_models()
-    return picker_key(models[0]) if models else "embedded"
+    return picker_key(embedded.DEFAULT_MODEL)
 
 
 def builtin_for_key(key: str):
@@ -50,12 +49,6 @@ def builtin_at(path: str):
     """The BuiltinModel whose file `path` is (by file name), or None for an added model."""
     name = Path(path).name
     return next((m for m in builtin_models() if m.filename == name), None)
-
-
-def is_base_model(path: str) -> bool:
-    """Whether the model file at `path` is a built-in base model (no chat training)."""
-    model = builtin_at(path)
-    return model is not None and model.kind == "base"
 
 
 def writes_titles(path: str) -> bool:

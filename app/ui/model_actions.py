@@ -97,13 +97,9 @@ class ModelActions:
     def refresh_models(self) -> None:
         picker = self.window.model_picker
         picker.clear()
-        builtins = builtin_models()
-        for model in builtins:
+        for model in builtin_models():
             picker.addItem(picker_label(model), picker_key(model))
-            picker.setItemData(picker.count() - 1, getattr(model, "description", "") or
-                               model.display_name, Qt.ToolTipRole)
-        if not builtins:
-            picker.addItem("Gemma 3 270M (built in · base model: continues text)", EMBEDDED_KEY)
+            picker.setItemData(picker.count() - 1, model.display_name, Qt.ToolTipRole)
         for record in self.store.list_models():
             picker.addItem(record.name, record.path)
             picker.setItemData(picker.count() - 1, record.path, Qt.ToolTipRole)
@@ -143,9 +139,8 @@ class ModelActions:
             self._load_remote(chosen)
             return
         builtin = builtin_for_key(key) if key else None
-        if builtin is not None or key == EMBEDDED_KEY:
-            name = builtin.display_name if builtin else "the built-in model"
-            self._start_load_progress(f"Preparing {name}…")
+        if builtin is not None:  # legacy keys ("embedded") map to the default built-in
+            self._start_load_progress(f"Preparing {builtin.display_name}…")
             self.bridge.prepare_builtin(key, str(models_dir(self.data_dir)))
         else:
             self._start_load_progress(f"Loading {Path(key).name}…")
@@ -217,7 +212,7 @@ class ModelActions:
         self._loaded_key = picker.currentData()
         builtin = builtin_for_key(picker.currentData() or "")
         local = route(picker.currentData()).kind == "local"
-        if builtin is None and local and picker.currentData() != EMBEDDED_KEY:
+        if builtin is None and local:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
         waited = time.monotonic() - self._load_started  # the whole wait, preparing included

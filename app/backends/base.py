@@ -64,11 +64,14 @@ class ChatBackend(Protocol):
         """Tokens `text` takes. May be an estimate, and may ask a server: off the GUI thread."""
 
     def submit_chat(self, messages: Sequence[Message], params: SamplingParams, on_event: Listener,
-                    request_id: str | None = None, session_id: str | None = None) -> str:
+                    request_id: str | None = None, session_id: str | None = None,
+                    partial: str = "") -> str:
         """Start a reply to `messages` and return its request id at once; `on_event` gets the
         events from another thread. `session_id` names the conversation (a chat's stable id):
         the local engine files its cached pages under it, a remote one sends it as a header so
-        a prefix-aware router keeps the chat on one worker."""
+        a prefix-aware router keeps the chat on one worker. `partial` (Continue): the start of
+        the assistant's reply, which the model carries on -- no end of turn, no new turn; the
+        events then hold only the new text."""
 
     def abort(self, request_id: str) -> None:
         """Stop a reply: it ends with Finished(finish_reason="abort") and the text so far.

@@ -44,10 +44,12 @@ class LocalBackend:
             raise BackendError(str(exc)) from exc
 
     def submit_chat(self, messages: Sequence, params, on_event: Listener,
-                    request_id: str | None = None, session_id: str | None = None) -> str:
+                    request_id: str | None = None, session_id: str | None = None,
+                    partial: str = "") -> str:
         request_id = request_id or uuid.uuid4().hex
         try:
-            prompt = self.session.chat_prompt(messages)
+            prompt = (self.session.continuation_prompt(messages, partial) if partial
+                      else self.session.chat_prompt(messages))
         except (NoModelError, ValueError) as exc:  # no model; a template refusing the roles
             failed = Failed(request_id, f"The conversation cannot be sent to this model: {exc}")
             # Off the caller's thread, like every other event (the seam's promise).

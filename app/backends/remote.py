@@ -91,9 +91,20 @@ def message_json(message) -> dict:
     return body
 
 
-def chat_request_body(model: str, messages: Sequence, params, extended_sampling: bool = True) -> bytes:
-    """The exact bytes POSTed to /chat/completions (see the module docstring on caching)."""
-    body: dict = {"model": model, "messages": [message_json(m) for m in messages],
+def chat_request_body(model: str, messages: Sequence, params, extended_sampling: bool = True,
+                      partial: str = "") -> bytes:
+    """The exact bytes POSTed to /chat/completions (see the module docstring on caching).
+
+    `partial` (Continue): the reply so far goes last, as an assistant message, with vLLM's
+    `continue_final_message: true, add_generation_prompt: false`: the server renders the
+    conversation without closing that turn and the model carries it on. vLLM and SGLang
+    take these keys, and so does Ferrox Chat's own `serve`; llama.cpp server and Ollama carry
+    on a final assistant message by themselves (they ignore the keys). A server that knows
+    neither (OpenAI's own API) refuses the request, and the reply stays as it was."""
+    wire = [message_json(m) for m in messages]
+    if partial:
+        wire.append({"role": "assistant", "content": partial})
+    body: dict = {"model": model, "messages": wire,
                   "stream": True, "stream_options": {"include_usage": True},
                   "max_tokens": params.max_tokens, "temperature": params.temperature,
                   "top_p": params.top_p}
@@ -112,6 +123,9 @@ def chat_request_body(model: str, messages: Sequence, params, extended_sampling:
             body["min_p"] = params.min_p
         if params.repetition_penalty != 1.0:
             body["repetition_penalty"] = params.repetition_penalty
+    if partial:
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -244,13 +258,15 @@ class RemoteBackend:
     # -- replies --------------------------------------------------------------------------
 
     def submit_chat(self, messages: Sequence, params, on_event: Listener,
-                    request_id: str | None = None, session_id: str | None = None) -> str:
+                    request_id: str | None = None, session_id: str | None = None,
+                    partial: str = "") -> str:
         request = _Request(request_id or uuid.uuid4().hex)
         with self._lock:
             self._requests[request.id] = request
         model = self._model.name if self._model else None
         thread = threading.Thread(target=self._run, name=f"remote-reply-{request.id[:8]}", daemon=True,
-                                  args=(request, model, list(messages), params, on_event, session_id))
+                                  args=(request, model, list(messages), params, on_event, session_id,
+                                        partial))
         thread.start()
         return request.id
 
@@ -270,14 +286,14 @@ class RemoteBackend:
         self._client.close()
 
     def _run(self, request: _Request, model: str | None, messages: list, params,
-             on_event: Listener, session_id: str | None) -> None:
+             on_event: Listener, session_id: str | None, partial: str = "") -> None:
         """The reply's thread: one terminal event, whatever happens."""
         reply = _ReplyEvents(request.id, on_event, messages)
         try:
             if model is None:
                 reply.fail(RemoteFailure("No remote model is chosen. Pick one in the model picker."))
                 return
-            self._stream(request, model, messages, params, session_id, reply)
+            self._stream(request, model, messages, params, session_id, reply, partial)
         except BaseException as exc:  # noqa: BLE001 -- a bug must still end the reply
             log.exception("remote reply %s failed unexpectedly", request.id)
             reply.fail(RemoteFailure(f"The reply failed unexpectedly: {type(exc).__name__}: {exc}"))
@@ -286,12 +302,12 @@ class RemoteBackend:
                 self._requests.pop(request.id, None)
 
     def _stream(self, request: _Request, model: str, messages: list, params, session_id: str | None,
-                reply: _ReplyEvents) -> None:
+                reply: _ReplyEvents, partial: str = "") -> None:
         url = f"{self.settings.base_url}/chat/completions"
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if session_id:
             headers[self.settings.session_header] = session_id
-        body = chat_request_body(model, messages, params, self.settings.extended_sampling)
+        body = chat_request_body(model, messages, params, self.settings.extended_sampling, partial)
         started = False
         try:
             with self._client.stream("POST", url, content=body, headers=headers) as response:

@@ -33,7 +33,7 @@ from app.engine.events import Event, Failed, Finished, Token
 from app.engine.logits_processors import logit_bias
 from app.engine.runner import EngineRunner
 from app.engine.sampling import SamplingParams
-from app.models.chat_template import chat_prompt
+from app.models.chat_template import ChatPrompt, chat_prompt
 from app.models.loader import LoadedModel
 from app.server.fim import fim_prompt
 from app.server.grammar import GrammarError, GrammarFactory
@@ -98,8 +98,9 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
         messages = [m.to_message() for m in body.messages]
         rendered_tools = tools.definitions if tools is not None else None
         try:  # off the event loop: a long conversation takes a while to tokenize
-            prompt = await asyncio.to_thread(chat_prompt, tokenizer, loaded.template,
-                                             messages, tools=rendered_tools)
+            prompt = await asyncio.to_thread(_chat_prompt, loaded, messages, rendered_tools,
+                                             bool(body.continue_final_message),
+                                             body.add_generation_prompt is not False)
         except ValueError as exc:  # e.g. a model's template refusing the order of roles
             raise ApiError(400, f"The conversation cannot be formatted for this model: {exc}",
                            param="messages") from None
@@ -125,6 +126,22 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
         return await _respond(gateway, loaded, body, prompt_ids, "prompt", answer, request)
 
     return app
+
+
+def _chat_prompt(loaded: LoadedModel, messages: list, tools, continue_final: bool,
+                 generation_prompt: bool) -> ChatPrompt:
+    """The chat's prompt. `continue_final` (vLLM's `continue_final_message`): the last,
+    assistant, message is carried on -- the conversation before it with the assistant's
+    header, then its text with no end of turn, as the window's Continue does locally
+    (app.engine.session.continuation_prompt), so the model continues the same reply."""
+    if not continue_final:
+        return chat_prompt(loaded.tokenizer, loaded.template, messages, generation_prompt,
+                           tools=tools)
+    head = chat_prompt(loaded.tokenizer, loaded.template, messages[:-1], tools=tools)
+    partial = messages[-1].content or ""
+    return ChatPrompt(head.text + partial,
+                      head.ids + loaded.tokenizer.encode(partial, special=True),
+                      head.starts_in_reasoning and "</think>" not in partial)
 
 
 def abort_open_requests(app: FastAPI) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.chat.budget import plan_reply
 from app.engine.events import Finished, Token, Usage
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message
@@ -256,6 +257,11 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and SGLang's extensions for carrying on a reply: the last message, an assistant
+    # one, is continued (no end of turn, no new turn); Ferrox Chat's Continue on a remote
+    # model sends them.
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
     # Accepted and unused: they do not change the reply.
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -276,6 +282,14 @@ class ChatCompletionRequest(SamplingFields):
         super().check(model_id, vocab_size)
         for i, message in enumerate(self.messages):
             message.check(f"messages[{i}]")
+        if self.continue_final_message:
+            if self.add_generation_prompt:  # vLLM's rule and wording
+                raise ApiError(400, "Cannot set both `continue_final_message` and "
+                                    "`add_generation_prompt` to True.",
+                               param="continue_final_message")
+            if self.messages[-1].role != "assistant":
+                raise ApiError(400, "'continue_final_message' needs the last message to be an "
+                                    "assistant message.", param="continue_final_message")
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "Invalid value for 'top_logprobs': 'logprobs' must be set to "
                                 "true when 'top_logprobs' is given.", param="top_logprobs")
@@ -362,20 +376,21 @@ class CompletionRequest(SamplingFields):
 
 def reply_budget(requested: int | None, prompt_tokens: int, context: int, prompt_param: str) -> int:
     """max_tokens for the engine: the request's, or what the context leaves (up to
-    DEFAULT_MAX_TOKENS). A prompt plus reply that cannot fit the context is a 400 here, before
-    anything is queued, rather than a failure mid-stream. The message is vLLM's, word for
-    word: client libraries (litellm's ContextWindowExceededError) recognise it."""
-    prompt_tokens = max(prompt_tokens, 1)  # an empty prompt still runs BOS
-    room = context - prompt_tokens
-    reply = 1 if requested is None else requested
-    if reply > room:
+    DEFAULT_MAX_TOKENS), decided by the one context budget (app/chat/budget.plan_reply; an
+    explicit max_tokens is never lowered). A prompt plus reply that cannot fit the context is
+    a 400 here, before anything is queued, rather than a failure mid-stream. The message is
+    vLLM's, word for word: client libraries (litellm's ContextWindowExceededError) recognise
+    it."""
+    plan = plan_reply(context, prompt_tokens, requested, clamp=False, default=DEFAULT_MAX_TOKENS)
+    if not plan.fits:
+        reply = 1 if requested is None else requested
         raise ApiError(400, f"This model's maximum context length is {context} tokens. "
-                            f"However, you requested {prompt_tokens + reply} tokens "
-                            f"({prompt_tokens} in the messages, {reply} in the completion). "
+                            f"However, you requested {plan.prompt_tokens + reply} tokens "
+                            f"({plan.prompt_tokens} in the messages, {reply} in the completion). "
                             "Please reduce the length of the messages or completion.",
-                       param=prompt_param if requested is None or room < 1 else "max_tokens",
+                       param=prompt_param if requested is None or plan.room < 1 else "max_tokens",
                        code="context_length_exceeded")
-    return min(room, DEFAULT_MAX_TOKENS) if requested is None else requested
+    return plan.max_tokens
 
 
 def _given(value, default):

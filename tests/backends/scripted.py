@@ -5,7 +5,9 @@ without loading a model or opening a socket.
     backend = ScriptedBackend(replies=[["Hel", "lo"], Failed-message-string, ...])
 
 Each submit_chat takes the next entry: a list of text pieces (streamed as Tokens, then
-Finished "stop"), or a string starting with "!" (a Failed with the rest as its message).
+Finished "stop"), or a string starting with "!" (a Failed with the rest as its message). A
+list may end with `Cut("message")` (the pieces stream, then Failed: a stream cut mid-reply)
+or `End("length")` (Finished with that reason instead of "stop").
 Events are delivered on a thread of their own, as a real backend does; `hold()` makes the
 next reply wait after its first piece until `abort` or `release()`.
 """
@@ -14,9 +16,20 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import dataclass
 
 from app.backends.base import BackendModel
 from app.engine.events import Failed, Finished, Timings, Token, Usage
+
+
+@dataclass(frozen=True)
+class Cut:
+    message: str
+
+
+@dataclass(frozen=True)
+class End:
+    reason: str
 
 
 class ScriptedBackend:
@@ -27,6 +40,7 @@ class ScriptedBackend:
         self.context_length = context_length
         self.model: BackendModel | None = None
         self.sent: list[tuple[list, object, str | None]] = []  # (messages, params, session_id)
+        self.partials: list[str] = []  # each submit's `partial` (Continue), "" for a new reply
         self._gate = threading.Event()
         self._gate.set()
         self._aborted: set[str] = set()
@@ -48,9 +62,11 @@ class ScriptedBackend:
     def release(self) -> None:
         self._gate.set()
 
-    def submit_chat(self, messages, params, on_event, request_id=None, session_id=None) -> str:
+    def submit_chat(self, messages, params, on_event, request_id=None, session_id=None,
+                    partial="") -> str:
         request_id = request_id or uuid.uuid4().hex
         self.sent.append((list(messages), params, session_id))
+        self.partials.append(partial)
         entry = self.replies.pop(0)
         thread = threading.Thread(target=self._play, args=(request_id, entry, on_event), daemon=True)
         self.threads.append(thread)
@@ -61,6 +77,8 @@ class ScriptedBackend:
         if isinstance(entry, str) and entry.startswith("!"):
             on_event(Failed(request_id, entry[1:]))
             return
+        entry = list(entry)
+        last = entry.pop() if entry and isinstance(entry[-1], (Cut, End)) else End("stop")
         text = ""
         for n, piece in enumerate(entry):
             if n == 1:
@@ -69,7 +87,10 @@ class ScriptedBackend:
                 break
             text += piece
             on_event(Token(request_id, token_id=None, text=piece))
-        reason = "abort" if request_id in self._aborted else "stop"
+        if isinstance(last, Cut) and request_id not in self._aborted:
+            on_event(Failed(request_id, last.message))
+            return
+        reason = "abort" if request_id in self._aborted else last.reason
         on_event(Finished(request_id, reason, text, Usage(10, 0, len(text.split())), Timings()))
 
     def abort(self, request_id: str) -> None:

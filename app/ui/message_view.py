@@ -579,6 +579,11 @@ class MessageWidget(_TintedFrame):
         self.prev_button.setEnabled(item.version_index > 0 and not live)
         self.next_button.setEnabled(item.version_index < item.version_count - 1 and not live)
         self.regenerate_button.setEnabled(not live)
+        # A failed reply offers Retry: the same action, and the failed text stays as a version.
+        failed = item.status == ERROR
+        self.regenerate_button.setText("Retry" if failed else "Regenerate")
+        self.regenerate_button.setToolTip("Send again; the failed reply stays as an earlier "
+                                          "version" if failed else "Write this reply again")
         self.copy_button.setEnabled(bool(item.text))
         code = code_blocks(item.text)
         if code != self._code:

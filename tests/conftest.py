@@ -11,6 +11,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Each test has its own data folder: saving prepared weights there (hundreds of MB per load)
 # would only cost time; tests/models/test_weight_cache.py tests the cache itself.
 os.environ.setdefault("FERROX_WEIGHT_CACHE", "0")
+# A loaded session measures the CPU weight policy in a background thread and may swap in
+# weights in another format; tests/engine/test_session_policy.py turns it on where tested.
+os.environ.setdefault("FERROX_POLICY_TUNING", "0")
 
 # The embedded model is assembled once per test session into a cache shared by tests that
 # only read it; FERROX_TEST_MODEL_DIR lets a developer reuse one across runs.

@@ -29,13 +29,13 @@ def test_bench_reports_every_figure(embedded_model_path):
 
 
 @pytest.mark.slow
-def test_load_times_cold_and_warm(embedded_model_path, monkeypatch):
-    """Figures, not claims: both loads happen and the policy's measurement is timed."""
-    from app.bench import evict_from_page_cache, measure_load_times
+def test_load_times_first_and_warm(embedded_model_path, monkeypatch, _own_data_dir):
+    """Figures, not claims: both loads happen in a scratch data folder (the person's caches
+    untouched), and the policy's background measurement is timed."""
+    from app.bench import measure_load_times
 
-    if not evict_from_page_cache(embedded_model_path):
-        pytest.skip("this platform cannot drop a file from the page cache")
     monkeypatch.setenv("FERROX_WEIGHT_CACHE", "1")  # the warm load maps the saved weights
     results = measure_load_times(embedded_model_path, "cpu", "auto")
-    assert results["load_cold_s"] > 0 and results["load_warm_s"] > 0
-    assert results["policy_measurement_s"] > 0 and results["weights"]
+    assert results["load_first_s"] > 0 and results["load_warm_s"] > 0
+    assert results["policy_measurement_s"] > 0 and results["weights"] == results["policy"]
+    assert not (_own_data_dir / "weight-cache").exists()

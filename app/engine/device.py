@@ -114,18 +114,30 @@ def configure_cpu_threads() -> None:
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """How `load_on` loads one model: the weight format and what the status bar says of it."""
+    """How `load_on` loads one model: the weight format and what the status bar says of it.
+    `shapes` is set when the CPU policy applies (so the session can measure it later)."""
 
     dtype: torch.dtype
     wide_dtype: torch.dtype | None
     int4: WeightFormat | None
     label: str
     reason: str
+    shapes: object | None = None  # kernel_policy.ModelShapes
+    file_bytes: int = 0
 
 
-def plan_load(path, device: torch.device, dtype: str) -> LoadPlan:
-    """The weight format for a dtype name on `device` (measuring the CPU when `auto` needs it)."""
-    from app.engine.kernel_policy import policy_for, shapes_for
+def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None) -> LoadPlan:
+    """The load plan a kernel policy (`kernel_policy.Policy`) gives."""
+    fmt, wide = policy.weight_format(device, file_bytes)
+    reason = policy.reason + (" (cached)" if policy.cached and "(cached" not in policy.reason else "")
+    return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason, shapes, file_bytes)
+
+
+def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> LoadPlan:
+    """The weight format for a dtype name on `device`. `auto` on the CPU uses the cached
+    policy; without one it measures first (`measure`), or takes the safe default, leaving
+    the measurement to the caller's background tuner (`ModelSession`)."""
+    from app.engine.kernel_policy import cached_policy, default_policy, policy_for, shapes_for
     from app.models.model_facts import model_size_bytes
     from app.paths import data_dir
 
@@ -146,21 +158,28 @@ def plan_load(path, device: torch.device, dtype: str) -> LoadPlan:
         why = "chosen by hand" if dtype != "auto" else f"the default for {device.type}"
         return LoadPlan(weight_dtype, wide, None, label, f"{label}: {why}")
     configure_cpu_threads()  # the measurement must run on the threads the model will use
-    policy = policy_for(shapes, data_dir())
-    fmt, wide = policy.weight_format(device, file_bytes)
-    reason = policy.reason + (" (cached)" if policy.cached else "")
-    return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason)
+    policy = cached_policy(shapes, data_dir())
+    if policy is None:
+        policy = (policy_for(shapes, data_dir()) if measure
+                  else default_policy("until this CPU is measured (in the background)"))
+    return plan_from_policy(policy, device, file_bytes, shapes)
 
 
-def load_on(path, device: str = "auto", dtype: str = "auto", progress=None):
+def load_on(path, device: str = "auto", dtype: str = "auto", progress=None, measure: bool = True):
     """Load a model file where the policy says: device and dtype names as the user gives them.
-    The loaded model's `policy_label` and `policy_reason` say what was chosen and why."""
-    from app.models.loader import load_model
-
+    The loaded model's `policy_label` and `policy_reason` say what was chosen and why, and
+    `load_plan` how it was loaded. `measure=False`: never time kernels before loading (see
+    `plan_load`)."""
     torch_device = resolve_device(device)
     if torch_device.type == "cpu":
         configure_cpu_threads()
-    plan = plan_load(path, torch_device, dtype)
+    return load_planned(path, torch_device, plan_load(path, torch_device, dtype, measure), progress)
+
+
+def load_planned(path, torch_device: torch.device, plan: LoadPlan, progress=None):
+    """Load a model file in the format `plan` says (through the weight cache on the CPU)."""
+    from app.models.loader import load_model
+
     cache = None
     plain_reference = plan.dtype == torch.float32 and plan.wide_dtype is None and plan.int4 is None
     if (torch_device.type == "cpu" and not plain_reference
@@ -172,4 +191,5 @@ def load_on(path, device: str = "auto", dtype: str = "auto", progress=None):
                         compute_dtype_for(plan.dtype, torch_device), plan.wide_dtype,
                         progress=progress, int4=plan.int4, weight_cache_dir=cache)
     loaded.policy_label, loaded.policy_reason = plan.label, plan.reason
+    loaded.load_plan = plan
     return loaded

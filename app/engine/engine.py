@@ -100,6 +100,9 @@ class Engine:
         # many rows taking another kernel).
         self._decode_pass_s = 0.0
         self._interleave_chunk = config.min_interleave_chunk
+        # Weights in another format waiting to be swapped in between requests (replace_weights).
+        self._replacement: tuple[LoadedModel, KVDiskStore | None] | None = None
+        self.replacements_handled = 0  # swapped in or refused, for whoever waits on one
         self._warm_up()
 
     @torch.inference_mode()
@@ -154,17 +157,27 @@ class Engine:
         """Drop every cached prefix not in use (e.g. to measure a cold start)."""
         self._commands.put(("clear_cache",))
 
+    def replace_weights(self, fresh: LoadedModel, kv_store: KVDiskStore | None = None) -> None:
+        """Swap in the same model loaded in another weight format (what the CPU policy
+        measured faster), with the disk store for that format. Safe from any thread; applied
+        when no request is running or waiting, so no request mixes two formats. The prefix
+        cache is dropped (its KV came from the old weights) and the warm-up timings, which
+        steer the interleaved chunk, are taken again."""
+        self._commands.put(("replace_weights", fresh, kv_store))
+
     # ---- the engine thread -------------------------------------------------------------
 
     @property
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or not self._commands.empty()
-                    or self._pending_saves)
+                    or self._pending_saves or self._replacement is not None)
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
         events: list[Event] = []
         self._take_commands(events)
+        if self._replacement is not None and not self._running and not self._waiting:
+            self._swap_weights()
         self._admit(events)
         self._restore_some(events)
         if self._running:
@@ -211,6 +224,32 @@ class Engine:
                 self._abort(command[1], events)
             elif kind == "clear_cache":
                 self.pages.release(self.cache.clear())
+            elif kind == "replace_weights":
+                self._replacement = command[1], command[2]
+
+    def _swap_weights(self) -> None:
+        (fresh, store), self._replacement = self._replacement, None
+        try:
+            self._swap_in(fresh, store)
+        finally:
+            self.replacements_handled += 1
+
+    def _swap_in(self, fresh: LoadedModel, store: KVDiskStore | None) -> None:
+        loaded = self.loaded
+        if fresh.compute_dtype != loaded.compute_dtype or fresh.kv_facts != loaded.kv_facts:
+            return  # the KV pool would not fit it; keep what serves
+        self._save_pending()  # what finished so far belongs to the old format's store
+        if store is not None or self.kv_store is not None:
+            if self._kv_writer is not None:
+                self._kv_writer.close()
+            self.kv_store = store
+            self._kv_writer = KVDiskWriter(store) if store is not None else None
+        # In place: whoever holds this LoadedModel (the session) sees the new format.
+        for name in ("model", "dtype", "wide_dtype", "weight_format", "policy_label",
+                     "policy_reason", "load_plan"):
+            setattr(loaded, name, getattr(fresh, name))
+        self.pages.release(self.cache.clear())
+        self._warm_up()
 
     def _accept(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                 events: list[Event]) -> None:

@@ -2,13 +2,28 @@
 
 CPUs differ more than any fixed rule can follow: on one with AVX-512-BF16/AMX a bfloat16
 matrix product is the fastest prefill kernel torch has, on an AVX2-only one it is the
-slowest (measured 14.7 s against float16's 3.2 s for a 1,024-token prefill). So on first
-load the engine times its candidate kernels on the model's own linear shapes, one row
-(decode) and `PREFILL_ROWS` rows (prefill), through the same `linear()` the model runs,
-and picks the fastest candidate per product that meets the quality bar. A measurement
-takes a second or two; it is cached per CPU (model name and torch's capability), torch
-version, thread count and model shapes in `kernel_policy.json` in the data folder, so later
-loads only read it. A damaged cache file is ignored and rewritten.
+slowest (measured 14.7 s against float16's 3.2 s for a 1,024-token prefill). So the engine
+times its candidate kernels on the model's own linear shapes, one row (decode) and
+`PREFILL_ROWS` rows (prefill), through the same `linear()` the model runs, and picks per
+product the fastest candidate that meets the quality bar. Decisions depend on those timings
+alone, never on the CPU's name or on the kernels torch lists.
+
+Robust against a busy machine (another process's burst must not stick for months):
+  - candidates are timed interleaved (every repetition times every kind once, in rotated
+    order), and each kind's figure is its median over the repetitions;
+  - a kind other than the safe default (`DEFAULT`: float16, whose matrix-vector kernel is
+    fast everywhere and whose many-row products upcast to float32) is chosen only when it
+    beats the default by more than the measured noise (and at least `MIN_GAIN`);
+  - a measurement whose timings are erratic (relative spread above `ERRATIC`) is never
+    cached; an interrupted one (the engine got work) is thrown away;
+  - a cached choice is checked cheaply on later loads (`validate`: the chosen kind and its
+    runner-up re-timed for a few repetitions); it is measured again when they now disagree
+    beyond noise or when the entry is older than `MAX_AGE_DAYS`.
+The session measures in the background once a usable model is loaded (`tune`), so loading
+never waits for it; the command line (`load_on(measure=True)`) measures before loading.
+Results are cached per CPU (model name and torch's capability), torch version, thread
+count and model shapes in `kernel_policy.json` in the data folder. A damaged cache file is
+ignored and rewritten.
 
 Candidates (`KINDS`): float32, bfloat16, float16, and the 4-bit weight-only kernel with
 bfloat16 or float32 activations (`app.models.quantized`). Every one meets the quality bar
@@ -22,9 +37,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,13 +51,24 @@ from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, QuantizedWeight, 
                                   quantize_synthetic)
 
 CACHE_FILE = "kernel_policy.json"
-CACHE_VERSION = 1
+# 2: interleaved medians with a noise figure and a date (entries of 1 could hold a
+# measurement taken under load: measured again).
+CACHE_VERSION = 2
 PREFILL_ROWS = 128
 KINDS = ("float32", "bfloat16", "float16", "int4_bf16", "int4_f32")
 # The 4-bit kernel with float32 activations is a decode candidate only: on CPUs measured so
 # far its many-row product is 100x slower than any other (no vectorized path).
 PREFILL_KINDS = ("float32", "bfloat16", "float16", "int4_bf16")
 FAILS_QUALITY: frozenset[str] = frozenset()
+# What runs before anything is measured, and what a candidate must beat: float16 weights
+# (one copy; fast matrix-vector kernel on AVX2 and AVX-512 alike; many-row products upcast
+# to float32, never bfloat16's slow AVX2 path).
+DEFAULT = "float16"
+REPS = 5  # interleaved repetitions of a full measurement
+VALIDATE_REPS = 3
+MIN_GAIN = 0.05  # a non-default kind must be at least this much faster than the default
+ERRATIC = 0.25  # relative spread of a leading kind's timings above which nothing is cached
+MAX_AGE_DAYS = 30
 _FLOAT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rows of the output projection timed (its cost is scaled up to the whole vocabulary): the
 # full product of a 262,144-token vocabulary would take most of the time budget on its own.
@@ -77,6 +105,8 @@ class Policy:
     decode_ms: dict[str, float]
     prefill_ms: dict[str, float]
     cached: bool = False
+    noise: float = 0.0  # the largest relative spread of the leading kinds' timings
+    measured_at: float = 0.0  # time.time() of the full measurement
 
     def weight_format(self, device: torch.device, file_bytes: int) -> tuple[WeightFormat, torch.dtype | None]:
         """The format to load with, and the wide (prefill) float dtype when two copies are kept.
@@ -100,8 +130,15 @@ class Policy:
         return WeightFormat(narrow, weights_transposed(device, narrow), wide), wide
 
 
+def default_policy(why: str) -> Policy:
+    """The safe format used until this machine is measured."""
+    return Policy(DEFAULT, DEFAULT, DEFAULT, f"{DEFAULT} (default) {why}", {}, {})
+
+
 def _best(times: dict[str, float], among) -> str:
-    return min((k for k in times if k in among), key=times.__getitem__)
+    """The fastest of `among` in `times`; the default when none was timed."""
+    timed = [k for k in times if k in among]
+    return min(timed, key=times.__getitem__) if timed else DEFAULT
 
 
 # ---- the machine's identity ----------------------------------------------------------------
@@ -148,9 +185,12 @@ def _policy_from(entry) -> Policy | None:
         policy = Policy(**{**entry, "cached": True})
     except TypeError:
         return None
-    ok = (policy.decode in KINDS and policy.prefill in KINDS and isinstance(policy.decode_ms, dict)
-          and isinstance(policy.prefill_ms, dict) and all(
-              isinstance(v, (int, float)) for v in [*policy.decode_ms.values(), *policy.prefill_ms.values()]))
+    numbers = [*policy.decode_ms.values(), *policy.prefill_ms.values(), policy.noise,
+               policy.measured_at] if isinstance(policy.decode_ms, dict) and isinstance(
+                   policy.prefill_ms, dict) else [None]
+    ok = (policy.decode in KINDS and policy.prefill in KINDS and policy.decode in policy.decode_ms
+          and policy.prefill in policy.prefill_ms
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers))
     return policy if ok else None
 
 
@@ -177,44 +217,85 @@ def _weight(kind: str, n: int, k: int, gen: torch.Generator):
         weights_transposed(torch.device("cpu"), dtype)
 
 
-def _time(fn: Callable[[], object], reps: int) -> float:
-    """Best of `reps` runs, in ms (the best is the least disturbed by other processes)."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
+Products = list[tuple[Callable[[], object], float]]  # (one product, how many per pass)
+
+
+def _products(shapes: ModelShapes, kind: str, gen: torch.Generator) -> tuple[Products, Products]:
+    """One decode step's products (1 row: layers and head) and one `PREFILL_ROWS`-row chunk's
+    (layers only: a prefill computes logits for its last row alone), each with its count."""
+    decode, prefill = [], []
+    for (n, k), count in shapes.layers.items():
+        w, t = _weight(kind, n, k, gen)
+        x1, xp = torch.randn(1, k, generator=gen), torch.randn(PREFILL_ROWS, k, generator=gen)
+        decode.append((partial(linear, x1, w, t), count))
+        if kind in PREFILL_KINDS:
+            prefill.append((partial(linear, xp, w, t), count))
+    head_n, head_k = shapes.head
+    head_rows = min(head_n, _HEAD_ROWS_TIMED)
+    w, t = _weight(kind, head_rows, head_k, gen)
+    decode.append((partial(linear, torch.randn(1, head_k, generator=gen), w, t), head_n / head_rows))
+    return decode, prefill
+
+
+def _pass_ms(products: Products) -> float:
+    total = 0.0
+    for fn, count in products:
         start = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1000
+        total += (time.perf_counter() - start) * count
+    return total * 1000
 
 
-def measure(shapes: ModelShapes, kinds=KINDS) -> tuple[dict[str, float], dict[str, float]]:
-    """Milliseconds per decode step (1 row: layers and head) and per `PREFILL_ROWS`-row
-    chunk (layers only: a prefill computes logits for its last row alone), per kind.
+def spread(samples: list[float]) -> float:
+    """Relative spread of repeated timings: (high - low) / median, with the single highest
+    and lowest dropped once there are five or more (one burst is not noise)."""
+    ordered = sorted(samples)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    mid = statistics.median(ordered)
+    return (ordered[-1] - ordered[0]) / mid if mid > 0 else 0.0
+
+
+@dataclass
+class Measurement:
+    """Median milliseconds per kind (decode step, prefill chunk) and each kind's spread."""
+
+    decode_ms: dict[str, float]
+    prefill_ms: dict[str, float]
+    decode_spread: dict[str, float] = field(default_factory=dict)
+    prefill_spread: dict[str, float] = field(default_factory=dict)
+
+
+def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
+            busy: Callable[[], bool] | None = None) -> Measurement | None:
+    """Time `kinds` interleaved: each of `reps` repetitions times every kind once, in an order
+    rotated per repetition (a burst of load hits every kind alike); a kind's figure is its
+    median. None when `busy()` turns true between timings (the engine got work): such a
+    measurement would be disturbed, and the engine must not wait for it.
 
     One 4-bit plane is timed; a model whose blocks need two planes (Q5/Q8) is charged
     `int4_planes` times that, and its weights that do not fit at all the best float kind's
     time (`_blend`)."""
     gen = torch.Generator().manual_seed(0)
-    decode, prefill = {}, {}
-    head_n, head_k = shapes.head
-    head_rows = min(head_n, _HEAD_ROWS_TIMED)
+    kinds, reps = list(kinds), REPS if reps is None else reps
+    samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in kinds}
     with torch.inference_mode():
-        one = torch.randn(1, head_k, generator=gen)
-        for kind in kinds:
-            total_decode, total_prefill = 0.0, 0.0
-            for (n, k), count in shapes.layers.items():
-                w, t = _weight(kind, n, k, gen)
-                x1, xp = torch.randn(1, k, generator=gen), torch.randn(PREFILL_ROWS, k, generator=gen)
-                total_decode += count * _time(lambda: linear(x1, w, t), 3)
-                if kind in PREFILL_KINDS:
-                    total_prefill += count * _time(lambda: linear(xp, w, t), 1)
-            w, t = _weight(kind, head_rows, head_k, gen)
-            total_decode += _time(lambda: linear(one, w, t), 2) * head_n / head_rows
-            decode[kind] = total_decode
-            if kind in PREFILL_KINDS:
-                prefill[kind] = total_prefill
-    return _blend(decode, shapes), _blend(prefill, shapes)
+        products = {kind: _products(shapes, kind, gen) for kind in kinds}
+        for decode, prefill in products.values():  # first calls initialise lazily: untimed
+            _pass_ms(decode), _pass_ms(prefill[:1])
+        for rep in range(reps):
+            for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:
+                if busy is not None and busy():
+                    return None
+                decode, prefill = products[kind]
+                samples[kind][0].append(_pass_ms(decode))
+                if prefill:
+                    samples[kind][1].append(_pass_ms(prefill))
+    med = {k: statistics.median(d) for k, (d, _) in samples.items()}
+    med_p = {k: statistics.median(p) for k, (_, p) in samples.items() if p}
+    return Measurement(_blend(med, shapes), _blend(med_p, shapes),
+                       {k: round(spread(d), 3) for k, (d, _) in samples.items()},
+                       {k: round(spread(p), 3) for k, (_, p) in samples.items() if p})
 
 
 def _blend(times: dict[str, float], shapes: ModelShapes) -> dict[str, float]:
@@ -229,40 +310,163 @@ def _blend(times: dict[str, float], shapes: ModelShapes) -> dict[str, float]:
     return out
 
 
-def choose(decode_ms: dict[str, float], prefill_ms: dict[str, float], shapes: ModelShapes) -> Policy:
-    """The fastest kind that meets the quality bar, for decode and for prefill."""
+# ---- choosing ------------------------------------------------------------------------------
+
+
+def _pick(times: dict[str, float], allowed: list[str], noise: float) -> str:
+    """The fastest allowed kind, if it beats the default by more than the noise; else the
+    default. A kind is never chosen for being available, only for being measured faster."""
+    timed = [k for k in allowed if k in times]
+    best = min(timed, key=times.__getitem__)
+    if DEFAULT in timed and best != DEFAULT:
+        if times[best] > times[DEFAULT] * (1 - max(MIN_GAIN, noise)):
+            return DEFAULT
+    return best
+
+
+def choose(m: Measurement, shapes: ModelShapes) -> Policy:
+    """The fastest kind that meets the quality bar and beats the default beyond noise, for
+    decode and for prefill."""
+    decode_ms, prefill_ms = m.decode_ms, m.prefill_ms
     allowed = [k for k in decode_ms if k not in FAILS_QUALITY]
     if shapes.int4_fraction == 0 or not int4_kernel_available():
         allowed = [k for k in allowed if not k.startswith("int4")]
-    decode = min(allowed, key=decode_ms.__getitem__)
-    prefill = min((k for k in allowed if k in prefill_ms), key=prefill_ms.__getitem__)
+    decode = _pick(decode_ms, allowed, _noise(decode_ms, m.decode_spread, allowed))
+    prefill_allowed = [k for k in allowed if k in prefill_ms]
+    prefill = _pick(prefill_ms, prefill_allowed, _noise(prefill_ms, m.prefill_spread, prefill_allowed))
     if decode.startswith("int4") and prefill.startswith("int4") and prefill != decode:
-        prefill = decode  # one set of 4-bit planes, one activation dtype
+        # One set of 4-bit planes, one activation dtype: the prefill goes to a float copy.
+        prefill = _pick(prefill_ms, [k for k in prefill_allowed if k in _FLOAT], 0.0)
+    noise = max(_noise(decode_ms, m.decode_spread, allowed),
+                _noise(prefill_ms, m.prefill_spread, prefill_allowed))
     label = decode if decode == prefill else f"{decode} decode, {prefill} prefill"
-    runner_up = min((k for k in allowed if k != decode), key=decode_ms.__getitem__, default=None)
+    return Policy(decode, prefill, label, _reason(decode_ms, prefill_ms, decode, prefill, allowed,
+                                                  shapes, noise),
+                  decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time())
+
+
+def _noise(times: dict[str, float], spreads: dict[str, float], allowed: list[str]) -> float:
+    """The larger spread of the two fastest allowed kinds and the default: what a difference
+    between them must exceed to mean anything."""
+    leading = sorted((k for k in allowed if k in times), key=times.__getitem__)[:2] + [DEFAULT]
+    return max((spreads.get(k, 0.0) for k in leading), default=0.0)
+
+
+def _reason(decode_ms, prefill_ms, decode, prefill, allowed, shapes, noise) -> str:
+    def versus(times: dict[str, float], chosen: str) -> str:
+        other = min((k for k in allowed if k in times and k != chosen), key=times.__getitem__,
+                    default=None)
+        if other is None:
+            return ""
+        if chosen == DEFAULT and times[other] < times[chosen]:
+            return f" ({other} {times[other]:.1f} ms, not faster beyond noise)"
+        return f" ({other} {times[other]:.1f} ms)"
+
     reason = (f"measured on {cpu_identity()}: decode step {decode_ms[decode]:.1f} ms with {decode}"
-              + (f" ({runner_up} {decode_ms[runner_up]:.1f} ms)" if runner_up else "")
-              + f"; {PREFILL_ROWS}-row prefill {prefill_ms[prefill]:.1f} ms with {prefill}")
+              + versus(decode_ms, decode)
+              + f"; {PREFILL_ROWS}-row prefill {prefill_ms[prefill]:.1f} ms with {prefill}"
+              + versus(prefill_ms, prefill) + f"; noise {noise:.0%}")
     if decode.startswith("int4") and shapes.int4_fraction < 1:
         reason += f"; {shapes.int4_fraction:.0%} of the weights fit the 4-bit kernel"
-    return Policy(decode, prefill, label, reason, decode_ms, prefill_ms)
+    return reason
 
 
-def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
-    """The cached policy for this CPU, torch and model, or a fresh measurement (then cached)."""
+# ---- cached, validated, measured -----------------------------------------------------------
+
+
+def cached_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
+    """The cached policy for this CPU, torch and model, or None."""
+    entry = read_cache(cache_dir / CACHE_FILE).get(cache_key(shapes))
+    return _policy_from(entry) if isinstance(entry, dict) else None
+
+
+def _store(shapes: ModelShapes, cache_dir: Path, policy: Policy) -> None:
     path = cache_dir / CACHE_FILE
     entries = read_cache(path)
-    key = cache_key(shapes)
-    cached = _policy_from(entries.get(key)) if isinstance(entries.get(key), dict) else None
-    if cached is not None:
-        return cached
-    decode_ms, prefill_ms = measure(shapes)
-    policy = choose(decode_ms, prefill_ms, shapes)
-    entries[key] = {k: v for k, v in asdict(policy).items() if k != "cached"}
+    entries[cache_key(shapes)] = {k: v for k, v in asdict(policy).items() if k != "cached"}
     try:
         write_cache(path, entries=entries)
     except OSError:
         pass  # a read-only data folder only costs a re-measurement next time
+
+
+def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
+                       busy: Callable[[], bool] | None = None) -> Policy | None:
+    """A full measurement and the choice from it, cached when its timings were steady (an
+    erratic one is returned, marked as such, but not cached); None when interrupted."""
+    m = measure(shapes, busy=busy)
+    if m is None:
+        return None
+    policy = choose(m, shapes)
+    if policy.noise > ERRATIC:
+        policy.reason += " (timings erratic: not cached, measured again next load)"
+    else:
+        _store(shapes, cache_dir, policy)
+    return policy
+
+
+def validate(policy: Policy, shapes: ModelShapes,
+             busy: Callable[[], bool] | None = None) -> bool | None:
+    """Whether a cached choice still holds: the chosen kind and the runner-up, re-timed for
+    `VALIDATE_REPS` repetitions, keep their order beyond noise, and the entry is younger than
+    `MAX_AGE_DAYS`. None when the check could not tell (interrupted, or erratic timings)."""
+    if time.time() - policy.measured_at > MAX_AGE_DAYS * 86_400:
+        return False
+    allowed = [k for k in KINDS if k not in FAILS_QUALITY]
+    if shapes.int4_fraction == 0 or not int4_kernel_available():
+        allowed = [k for k in allowed if not k.startswith("int4")]
+    kinds = set()
+    for times, chosen in ((policy.decode_ms, policy.decode), (policy.prefill_ms, policy.prefill)):
+        others = sorted((k for k in times if k in allowed and k != chosen), key=times.__getitem__)
+        kinds |= {chosen, *others[:1]}
+    m = measure(shapes, [k for k in KINDS if k in kinds], reps=VALIDATE_REPS, busy=busy)
+    return None if m is None else still_holds(policy, m)
+
+
+def still_holds(policy: Policy, m: Measurement) -> bool | None:
+    """Whether a re-timing `m` keeps the policy's choices ahead of the other kinds it timed
+    (or behind by no more than the noise); None when its timings are erratic."""
+    spreads = [*m.decode_spread.values(), *m.prefill_spread.values()]
+    if spreads and max(spreads) > ERRATIC:
+        return None
+    for times, spreads_, chosen in ((m.decode_ms, m.decode_spread, policy.decode),
+                                    (m.prefill_ms, m.prefill_spread, policy.prefill)):
+        if chosen not in times:
+            continue
+        rivals = [k for k in times if k != chosen
+                  # an int4 decode leaves the prefill to a float copy (one set of planes)
+                  and not (times is m.prefill_ms and policy.decode.startswith("int4")
+                           and k.startswith("int4"))]
+        margin = max([MIN_GAIN, *(spreads_.get(k, 0.0) for k in times)])
+        if any(times[k] < times[chosen] * (1 - margin) for k in rivals):
+            return False
+    return True
+
+
+def tune(shapes: ModelShapes, cache_dir: Path, busy: Callable[[], bool] | None = None
+         ) -> Policy | None:
+    """What the background tuner runs after a load: the cached policy if it validates, else
+    a fresh measurement (cached when steady). None when it was interrupted or could not tell;
+    the caller tries again later."""
+    cached = cached_policy(shapes, cache_dir)
+    if cached is not None:
+        verdict = validate(cached, shapes, busy)
+        if verdict is None:
+            return None
+        if verdict:
+            cached.reason = cached.reason.removesuffix(" (cached)") + " (cached, checked)"
+            return cached
+    return measure_and_choose(shapes, cache_dir, busy)
+
+
+def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
+    """The cached policy for this CPU, torch and model, or a fresh measurement (cached when
+    steady): what a command-line load uses before it loads."""
+    cached = cached_policy(shapes, cache_dir)
+    if cached is not None:
+        return cached
+    policy = measure_and_choose(shapes, cache_dir)
+    assert policy is not None  # nothing can interrupt it
     return policy
 
 

@@ -4,17 +4,26 @@
 stops the old runner (aborting what it was doing), drops the old weights, then loads the new
 ones. Its methods take and return plain data (ids, strings, dataclasses), so a Qt worker can
 call them without touching torch.
+
+Loading never waits for the CPU kernel policy's measurement: a model loads in the cached
+policy's format, or in the safe default when this machine was never measured, and a
+background tuner (`_PolicyTuner`) then measures (or validates the cached choice) whenever
+the engine is idle. When the measured choice differs from what is loaded, it prepares the
+model in the new format off the engine thread and hands it to the engine, which swaps it in
+between requests (`Engine.replace_weights`). `policy_status` says what was chosen and why.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.device import load_on
+from app.engine.device import load_on, load_planned, plan_from_policy
 from app.engine.engine import Engine, EngineConfig
 from app.engine.kv_disk import open_store
 from app.engine.runner import EngineRunner, Listener
@@ -49,6 +58,7 @@ class ModelSession:
         self.kv_budget_bytes = kv_budget_bytes
         self._loaded = None
         self._runner: EngineRunner | None = None
+        self._tuner: _PolicyTuner | None = None
         self._lock = threading.Lock()
 
     @property
@@ -61,25 +71,56 @@ class ModelSession:
                          loaded.weights_label, context, loaded.load_seconds,
                          loaded.policy_label, loaded.policy_reason)
 
+    @property
+    def policy_status(self) -> str:
+        """What the weight policy chose and why, for the status bar ("" without a model)."""
+        loaded = self._loaded
+        if loaded is None:
+            return ""
+        return f"{loaded.policy_label}: {loaded.policy_reason}" if loaded.policy_reason else loaded.weights_label
+
     def load(self, path: str | Path, device: str = "auto", dtype: str = "auto",
-             engine_config: EngineConfig | None = None) -> ModelInfo:
-        """Blocking: run it off the GUI thread. Raises ModelError / DeviceError clearly."""
+             engine_config: EngineConfig | None = None,
+             progress: Callable[[str], None] | None = None, tune: bool = True) -> ModelInfo:
+        """Blocking: run it off the GUI thread. Raises ModelError / DeviceError clearly.
+        `progress` hears what the load is doing, as a sentence for the status bar (on this
+        thread). `tune`: measure the CPU policy in the background afterwards (unless the
+        environment sets FERROX_POLICY_TUNING=0, as the test suite does)."""
+        say = progress or (lambda message: None)
         with self._lock:
             self._unload_locked()
-            loaded = load_on(path, device, dtype)
+            name = Path(path).name
+            say(f"Loading {name}…")
+            loaded = load_on(path, device, dtype, measure=False,
+                             progress=lambda f: say(f"Loading {name}… {f:.0%}"))
             self.engine_config = engine_config or self.engine_config
             self._loaded = loaded
-            store = None
-            if self.kv_dir is not None:
-                store = open_store(self.kv_dir, loaded, self.engine_config.page_size, self.kv_budget_bytes)
-            self._runner = EngineRunner(Engine(loaded, self.engine_config, store))
+            say(f"Starting {name}…")
+            self._runner = EngineRunner(Engine(loaded, self.engine_config, self._store_for(loaded)))
+            plan = loaded.load_plan
+            if (tune and plan is not None and plan.shapes is not None
+                    and os.environ.get("FERROX_POLICY_TUNING", "1") != "0"):
+                self._tuner = _PolicyTuner(loaded, self._runner.engine, self._store_for)
         return self.info
+
+    def _store_for(self, loaded):
+        if self.kv_dir is None:
+            return None
+        return open_store(self.kv_dir, loaded, self.engine_config.page_size, self.kv_budget_bytes)
+
+    def wait_for_policy(self, timeout: float) -> bool:
+        """Block until the background tuner is done (tests, bench); False on timeout."""
+        tuner = self._tuner
+        return tuner is None or tuner.wait(timeout)
 
     def unload(self) -> None:
         with self._lock:
             self._unload_locked()
 
     def _unload_locked(self) -> None:
+        if self._tuner is not None:
+            self._tuner.stop()
+            self._tuner = None
         if self._runner is not None:
             self._runner.close()
             self._runner = None
@@ -130,3 +171,75 @@ class ModelSession:
     def close(self) -> None:
         self.unload()
 
+
+
+class _PolicyTuner:
+    """Measures the CPU weight policy in the background while the engine is idle, and swaps
+    in weights in the measured format when it differs from the loaded one.
+
+    The measurement runs only after the engine has been idle for `IDLE_S`; it is abandoned
+    the moment a request arrives (and tried again after the next idle stretch), so neither
+    the person's requests nor the timings disturb each other. Gives up after `ATTEMPTS`."""
+
+    IDLE_S = 1.0
+    ATTEMPTS = 20
+
+    def __init__(self, loaded, engine: Engine, store_for=None):
+        self.loaded, self.engine = loaded, engine
+        self.store_for = store_for  # loaded model -> its KV disk store, or None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="policy-tuner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def _busy(self) -> bool:
+        return self._stop.is_set() or self.engine.has_work
+
+    def _wait_idle(self) -> bool:
+        quiet_since = time.monotonic()
+        while not self._stop.is_set():
+            if self.engine.has_work:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= self.IDLE_S:
+                return True
+            self._stop.wait(0.1)
+        return False
+
+    def _run(self) -> None:
+        from app.engine.kernel_policy import tune
+        from app.paths import data_dir
+
+        try:
+            plan = self.loaded.load_plan
+            for _ in range(self.ATTEMPTS):
+                if not self._wait_idle():
+                    return
+                policy = tune(plan.shapes, data_dir(), self._busy)
+                if policy is not None:
+                    break
+            else:
+                return
+            new_plan = plan_from_policy(policy, self.loaded.device, plan.file_bytes, plan.shapes)
+            if (new_plan.dtype, new_plan.wide_dtype, new_plan.int4) == (plan.dtype, plan.wide_dtype, plan.int4):
+                self.loaded.policy_label, self.loaded.policy_reason = new_plan.label, new_plan.reason
+                return
+            fresh = load_planned(self.loaded.path, self.loaded.device, new_plan)
+            if self._stop.is_set():
+                return
+            handled = self.engine.replacements_handled
+            self.engine.replace_weights(fresh, self.store_for(fresh) if self.store_for else None)
+            while self.engine.replacements_handled == handled and not self._stop.wait(0.05):
+                pass
+        except Exception:  # the loaded default keeps serving; the next load measures again
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            self._done.set()

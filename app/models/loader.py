@@ -53,6 +53,7 @@ class LoadedModel:
     # What the dtype policy chose and why, for the status bar (app.engine.kernel_policy).
     policy_label: str = ""
     policy_reason: str = ""
+    load_plan: object | None = None  # app.engine.device.LoadPlan, when loaded through load_on
 
     @property
     def weights_label(self) -> str:

@@ -260,3 +260,32 @@ def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
     assert any(isinstance(e, Token) and e.request_id == "short" for e in events)
     doc = [e for e in events if isinstance(e, PrefillProgress) and e.request_id == "doc"]
     assert doc and doc[-1].done < 1500  # the rest of the pass went to the document
+
+
+def test_weights_in_another_format_are_swapped_in_between_requests(tokenizer):
+    """The policy tuner's swap: a request running when new weights arrive finishes on the old
+    ones; the next runs on the new ones, with no prefix cached from the old weights."""
+    from tests.engine.conftest import make_tiny_model
+
+    old, new = make_tiny_model(tokenizer), make_tiny_model(tokenizer, dtype=torch.bfloat16)
+    new_model = new.model
+    ids = prompt(40, seed=3)
+    with_old = tokens_of(run(make_engine(make_tiny_model(tokenizer)), {"a": (ids, GREEDY)})["a"])
+    with_new = tokens_of(run(make_engine(make_tiny_model(tokenizer, dtype=torch.bfloat16)),
+                             {"a": (ids, GREEDY)})["a"])
+    engine = make_engine(old)
+    engine.submit(ids, GREEDY, request_id="a")
+    events = []
+    for _ in range(3):
+        events += engine.step()
+    engine.replace_weights(new)
+    while not any(isinstance(e, Finished) for e in events):
+        events += engine.step()
+        assert engine.loaded.model is not new_model  # never while the request runs
+    assert list(next(e for e in events if isinstance(e, Finished)).completion_ids) == with_old
+    assert engine.has_work  # the swap is pending
+    engine.step()
+    assert engine.replacements_handled == 1 and not engine.has_work
+    assert engine.loaded.model is new_model and engine.loaded.dtype == torch.bfloat16
+    again = run(engine, {"b": (ids, GREEDY)})["b"]
+    assert tokens_of(again) == with_new and finished(again).usage.cached_tokens == 0

@@ -212,7 +212,8 @@ class EngineBridge(QObject):
             # A device that does not exist is refused before the loaded model is let go.
             resolve_device(device)
             config = EngineConfig(prefill_chunk=prefill_chunk, context_limit=context_size or None)
-            info = self.session.load(path, device, dtype, config)
+            # Each stage of the load, as a sentence for the status bar (queued to the GUI).
+            info = self.session.load(path, device, dtype, config, progress=self.modelLoading.emit)
         except (ModelError, ValueError, OSError, RuntimeError) as exc:
             kept = self.session.info
             if kept is not None and kept == before:  # failed before the old model was let go

@@ -83,46 +83,30 @@ def reference_prompts(model_name: str, shared: Path | None) -> list[list[int]]:
     return prompts
 
 
-class _BPEShim:
-    """Dev-only stand-in while the app cannot read byte-level BPE vocabularies from GGUF
-    files: the `tokenizers` library built from the file's tokens and merges."""
+def requantized_copy(path: Path, qtype_name: str, folder: Path) -> Path:
+    """A copy of a GGUF model whose 2-D weights are re-quantized to `qtype_name` (from their
+    float32 dequantization; norms and other 1-D tensors stay float32), to measure block
+    formats no built-in model uses. Only the formats gguf-py can quantize (not the k-quants)."""
+    import numpy as np
+    from gguf.constants import GGMLQuantizationType
 
-    def __init__(self, gguf):
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from app.models.dequant import dequantize
+    from app.models.gguf_file import GGUFFile
+    from tests.gguf_factory import write_gguf
 
-        meta = gguf.metadata
-        tokens, merges = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        self._tok = Tokenizer(models.BPE(vocab, pairs))
-        self._tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        self._tok.decoder = decoders.ByteLevel()
-        self.vocab_size = len(tokens)
-        self.bos_id = meta.get("tokenizer.ggml.bos_token_id")
-        self.eos_id = meta.get("tokenizer.ggml.eos_token_id")
-        self.add_bos = False
-
-    def encode(self, text, special=False):
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids, skip_special=True):
-        return self._tok.decode(list(ids))
-
-    def token_id(self, piece):
-        return self._tok.token_to_id(piece)
-
-
-def _install_bpe_shim() -> None:
-    import app.models.loader as loader
-
-    real = loader.tokenizer_from_gguf
-
-    def tokenizer_or_shim(gguf):
-        if gguf.metadata.get("tokenizer.ggml.model") == "gpt2":
-            return _BPEShim(gguf)
-        return real(gguf)
-
-    loader.tokenizer_from_gguf = tokenizer_or_shim
+    qtype = GGMLQuantizationType[qtype_name]
+    out = folder / f"{path.stem}.{qtype_name}.gguf"
+    with GGUFFile(path) as gguf:
+        metadata = {k: v for k, v in gguf.metadata.items()
+                    if k not in ("general.architecture", "general.alignment")}
+        tensors = {}
+        for name, info in gguf.tensors.items():
+            raw = gguf.raw_tensor(name)
+            shape = tuple(int(d) for d in info.shape)
+            w = dequantize(raw, info.ggml_type, shape).numpy().astype(np.float32)
+            tensors[name] = (w, qtype) if len(shape) == 2 else w
+        write_gguf(out, arch=gguf.architecture, metadata=metadata, tensors=tensors)
+    return out
 
 
 def main() -> int:
@@ -132,14 +116,27 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--greedy-tokens", type=int, default=32)
     parser.add_argument("--shared", type=Path, default=None)
+    parser.add_argument("--requantize", default="",
+                        help="comma-separated block formats (Q4_0,Q4_1,Q5_0,Q5_1,Q8_0): measure "
+                             "--formats on a copy of the model re-quantized to each, too")
     args = parser.parse_args()
 
     from app.cli import resolve_model_path
+
+    path = resolve_model_path(args.model, None)
+    for qtype in filter(None, args.requantize.split(",")):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="ferrox-quality-") as folder:
+            measure_file(requantized_copy(path, qtype, Path(folder)), args, label=qtype)
+    measure_file(path, args, label="as shipped")
+    return 0
+
+
+def measure_file(path: Path, args, label: str) -> None:
     from app.engine.device import load_on
     from app.models.prompt import bos_prefix
 
-    path = resolve_model_path(args.model, None)
-    _install_bpe_shim()
     base_nll, base_tokens = None, None
     for fmt in args.formats.split(","):
         loaded = load_on(path, "cpu", fmt)
@@ -153,14 +150,14 @@ def main() -> int:
         agree = sum(a == b for a, b in zip(outs, base_tokens))
         first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
                       for a, b in zip(outs, base_tokens)]
-        print(json.dumps({"model": loaded.name, "format": fmt, "weights": loaded.weights_label,
+        print(json.dumps({"model": loaded.name, "file": f"{path.name} ({label})", "format": fmt,
+                          "weights": loaded.weights_label,
                           "tokens": len(ids), "mean_nll": round(nll, 5),
                           "vs_first_pct": round(100 * (nll - base_nll) / base_nll, 3),
                           "perplexity": round(math.exp(nll), 3),
                           "greedy_same": f"{agree}/{len(outs)}", "first_difference_at": first_diff}),
               flush=True)
         loaded.unload()
-    return 0
 
 
 if __name__ == "__main__":

@@ -54,7 +54,11 @@ CACHE_FILE = "kernel_policy.json"
 # 2: interleaved medians with a noise figure and a date (entries of 1 could hold a
 # measurement taken under load: measured again).
 CACHE_VERSION = 2
-PREFILL_ROWS = 128
+# Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
+# where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
+# ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
+# once per repetition, so this stays well under a second per repetition for small models.
+PREFILL_ROWS = 512
 KINDS = ("float32", "bfloat16", "float16", "int4_bf16", "int4_f32")
 # The 4-bit kernel with float32 activations is a decode candidate only: on CPUs measured so
 # far its many-row product is 100x slower than any other (no vectorized path).

@@ -59,6 +59,9 @@ class ModelSession:
         self._loaded = None
         self._runner: EngineRunner | None = None
         self._tuner: _PolicyTuner | None = None
+        # Called (on the tuner's thread, with the new ModelInfo) once the background policy
+        # measurement has settled what runs: the status bar's cue to show `policy_status`.
+        self.on_policy: Callable[[ModelInfo], None] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -100,7 +103,8 @@ class ModelSession:
             plan = loaded.load_plan
             if (tune and plan is not None and plan.shapes is not None
                     and os.environ.get("FERROX_POLICY_TUNING", "1") != "0"):
-                self._tuner = _PolicyTuner(loaded, self._runner.engine, self._store_for)
+                self._tuner = _PolicyTuner(loaded, self._runner.engine, self._store_for,
+                                           lambda: self.on_policy and self.info and self.on_policy(self.info))
         return self.info
 
     def _store_for(self, loaded):
@@ -184,9 +188,10 @@ class _PolicyTuner:
     IDLE_S = 1.0
     ATTEMPTS = 20
 
-    def __init__(self, loaded, engine: Engine, store_for=None):
+    def __init__(self, loaded, engine: Engine, store_for=None, settled=None):
         self.loaded, self.engine = loaded, engine
         self.store_for = store_for  # loaded model -> its KV disk store, or None
+        self.settled = settled  # called once the measured format serves
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="policy-tuner", daemon=True)
@@ -229,14 +234,16 @@ class _PolicyTuner:
             new_plan = plan_from_policy(policy, self.loaded.device, plan.file_bytes, plan.shapes)
             if (new_plan.dtype, new_plan.wide_dtype, new_plan.int4) == (plan.dtype, plan.wide_dtype, plan.int4):
                 self.loaded.policy_label, self.loaded.policy_reason = new_plan.label, new_plan.reason
-                return
-            fresh = load_planned(self.loaded.path, self.loaded.device, new_plan)
-            if self._stop.is_set():
-                return
-            handled = self.engine.replacements_handled
-            self.engine.replace_weights(fresh, self.store_for(fresh) if self.store_for else None)
-            while self.engine.replacements_handled == handled and not self._stop.wait(0.05):
-                pass
+            else:
+                fresh = load_planned(self.loaded.path, self.loaded.device, new_plan)
+                if self._stop.is_set():
+                    return
+                handled = self.engine.replacements_handled
+                self.engine.replace_weights(fresh, self.store_for(fresh) if self.store_for else None)
+                while self.engine.replacements_handled == handled and not self._stop.wait(0.05):
+                    pass
+            if self.settled is not None and not self._stop.is_set():
+                self.settled()
         except Exception:  # the loaded default keeps serving; the next load measures again
             import traceback
 

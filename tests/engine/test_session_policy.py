@@ -33,6 +33,8 @@ def test_first_load_uses_the_default_then_the_measured_policy(smollm2_model_path
     monkeypatch.setattr(kp, "REPS", 3)
     said: list[str] = []
     session = ModelSession()
+    heard = []
+    session.on_policy = heard.append
     try:
         info = session.load(smollm2_model_path, "cpu", "auto", progress=said.append)
         assert info.policy_label == kp.DEFAULT and "default" in info.policy_reason
@@ -41,6 +43,7 @@ def test_first_load_uses_the_default_then_the_measured_policy(smollm2_model_path
         assert session.wait_for_policy(600)
         status = session.policy_status
         assert "measured on" in status and status.startswith(session.info.policy_label)
+        assert [h.policy_reason for h in heard] == [session.info.policy_reason]
         assert session.info.dtype == session._loaded.weights_label  # the label is what runs
         shapes = kp.gguf_shapes(smollm2_model_path)
         assert (kp.cached_policy(shapes, _own_data_dir) is None) == ("erratic" in status)

@@ -3,10 +3,11 @@
 `auto` picks CUDA, then MPS, then the CPU. Weight dtype for `auto`, per device:
   - CUDA: bfloat16 where the GPU supports it, else float16;
   - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
-  - CPU: measured, not assumed (`app.engine.kernel_policy`): on first load of a GGUF model
-    the candidate kernels (float32, bfloat16, float16, the 4-bit weight-only kernel) are
-    timed on the model's shapes for decode and for prefill, the result cached per CPU,
-    torch and model, and the fastest of each kept: GGUF blocks that fit the 4-bit kernel
+  - CPU: measured, not assumed (`app.engine.kernel_policy`): for a GGUF model the candidate
+    kernels (float32, bfloat16, float16, the 4-bit weight-only kernel) are timed on the
+    model's shapes for decode and for prefill (before loading on the command line; in the
+    background after a float16 load in the app, see `ModelSession`), the result cached per
+    CPU, torch and model, and of each the fastest beyond noise kept: GGUF blocks that fit the 4-bit kernel
     stay quantized (`QuantizedWeight`), the rest follow the fastest float kinds, with a
     second float copy for prefill when that is faster and the model is small. CPUs differ
     too much for a fixed rule: bfloat16 matrix products are the fastest kernel with

@@ -197,6 +197,7 @@ class Engine:
         """After an internal error: drop every request and the cache, start clean."""
         self._waiting.clear()
         self._running.clear()
+        self.pool.forget_all()
         self.pages = PagePool(self.pages.num_pages)
         self.cache = RadixCache(self.config.page_size)
 
@@ -469,7 +470,8 @@ class Engine:
         request (its last token's)."""
         model, device = self.loaded.model, self.loaded.device
         view = PagedBatchView(self.pool, [r.pages for r, _ in batch],
-                              [r.written for r, _ in batch], [len(c) for _, c in batch])
+                              [r.written for r, _ in batch], [len(c) for _, c in batch],
+                              keys=[r for r, _ in batch])  # each keeps its contiguous KV copy
         tokens = torch.tensor([[t for _, chunk in batch for t in chunk]], device=device)
         hidden = model(tokens, view.positions(), view)
         rows = torch.tensor(view.last_token_rows(), device=device)
@@ -507,6 +509,7 @@ class Engine:
         """Hand the request's pages back: full written pages to the tree, the rest freed."""
         if request in self._running:
             self._running.remove(request)
+        self.pool.forget(request)  # its contiguous KV copy; the pages stay in the pool
         request.phase = Phase.DONE
         ps = self.config.page_size
         keep = request.written // ps if publish else 0

@@ -36,10 +36,12 @@ class KVFacts:
         return self.n_layers * 2 * self.n_kv_heads * self.head_dim * torch.finfo(dtype).bits // 8
 
 
-# attention(q [S, H, T, D], keys [S, Hkv, L, D], values [S, Hkv, L, D], mask [S, 1, T, L])
-# -> [S, H, T, D]: the model's own attention (scale, grouped heads, soft-capping), which a KV
-# view calls for each group of queries that attend together.
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attention(q [S, H, T, D], keys [S, Hkv, L, D], values [S, Hkv, L, D], mask [S, 1, T, L]
+# or None) -> [S, H, T, D]: the model's own attention (scale, grouped heads, soft-capping),
+# which a KV view calls for each group of queries that attend together. A mask of None means
+# every query may see every key given (a decode step over exactly its visible keys). Keys
+# and values may be strided views (e.g. a slice of a longer buffer); their last dim is dense.
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 class KVView(Protocol):
@@ -49,7 +51,7 @@ class KVView(Protocol):
     values k, v [S, Hkv, T, D]. It stores k and v, then calls `attention` on the queries with
     every position they may see (the new ones included) and a boolean mask (True = may
     attend) that already applies causality, padding and the layer's sliding `window` (None
-    for a global layer); it may do so in several groups (e.g. one per sequence) and returns
+    for a global layer), or no mask (None) when every query may see every key it is given; it may do so in several groups (e.g. one per sequence) and returns
     the output [S, H, T, D] in q's layout.
     """
 

@@ -203,8 +203,9 @@ class DecoderLayer(torch.nn.Module):
         return linear(out, self.o, self.fmt.transposed)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        """q [B, H, T, D], keys/values [B, Hkv, L, D], mask [B, 1, T, L] -> [B, H, T, D]."""
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """q [B, H, T, D], keys/values [B, Hkv, L, D], mask [B, 1, T, L] or None (every key
+        visible to every query) -> [B, H, T, D]."""
         c = self.cfg
         B, H, T, D = q.shape
         Hkv = keys.shape[1]
@@ -213,7 +214,7 @@ class DecoderLayer(torch.nn.Module):
         # KV head h // G, as Hugging Face's repeat_kv and llama.cpp do.
         G = H // Hkv
         q = q.reshape(B, Hkv, G * T, D)
-        if G > 1:
+        if G > 1 and mask is not None:
             mask = mask.repeat(1, 1, G, 1)  # rows g*T + t use query t's mask
         if c.attn_softcap is None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
@@ -223,11 +224,12 @@ class DecoderLayer(torch.nn.Module):
         return out.view(B, H, T, D)
 
 
-def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def _softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                           scale: float, cap: float) -> torch.Tensor:
     """Attention whose scores are soft-capped before the softmax (Gemma 2); SDPA cannot."""
     scores = soft_cap((q @ k.transpose(-1, -2)).float() * scale, cap)  # [S, Hkv, G*T, L]
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 

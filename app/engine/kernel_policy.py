@@ -286,7 +286,7 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
     with torch.inference_mode():
         products = {kind: _products(shapes, kind, gen) for kind in kinds}
         for decode, prefill in products.values():  # first calls initialise lazily: untimed
-            _pass_ms(decode), _pass_ms(prefill[:1])
+            _pass_ms(decode), _pass_ms(prefill)
         for rep in range(reps):
             for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:
                 if busy is not None and busy():
@@ -409,13 +409,16 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
     return policy
 
 
-def validate(policy: Policy, shapes: ModelShapes,
-             busy: Callable[[], bool] | None = None) -> bool | None:
-    """Whether a cached choice still holds: the chosen kind and the runner-up, re-timed for
-    `VALIDATE_REPS` repetitions, keep their order beyond noise, and the entry is younger than
-    `MAX_AGE_DAYS`. None when the check could not tell (interrupted, or erratic timings)."""
+HOLDS, CHANGED, UNCLEAR, INTERRUPTED = "holds", "changed", "unclear", "interrupted"
+
+
+def validate(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None = None) -> str:
+    """Whether a cached choice still holds: CHANGED when the entry is older than
+    `MAX_AGE_DAYS` or when the chosen kind and its runner-up, re-timed for `VALIDATE_REPS`
+    repetitions, swapped places beyond noise; UNCLEAR when the re-timing was erratic (the
+    steady earlier measurement is kept); INTERRUPTED when `busy()` stopped it."""
     if time.time() - policy.measured_at > MAX_AGE_DAYS * 86_400:
-        return False
+        return CHANGED
     allowed = [k for k in KINDS if k not in FAILS_QUALITY]
     if shapes.int4_fraction == 0 or not int4_kernel_available():
         allowed = [k for k in allowed if not k.startswith("int4")]
@@ -424,7 +427,9 @@ def validate(policy: Policy, shapes: ModelShapes,
         others = sorted((k for k in times if k in allowed and k != chosen), key=times.__getitem__)
         kinds |= {chosen, *others[:1]}
     m = measure(shapes, [k for k in KINDS if k in kinds], reps=VALIDATE_REPS, busy=busy)
-    return None if m is None else still_holds(policy, m)
+    if m is None:
+        return INTERRUPTED
+    return {True: HOLDS, False: CHANGED, None: UNCLEAR}[still_holds(policy, m)]
 
 
 def still_holds(policy: Policy, m: Measurement) -> bool | None:
@@ -455,10 +460,11 @@ def tune(shapes: ModelShapes, cache_dir: Path, busy: Callable[[], bool] | None =
     cached = cached_policy(shapes, cache_dir)
     if cached is not None:
         verdict = validate(cached, shapes, busy)
-        if verdict is None:
+        if verdict == INTERRUPTED:
             return None
-        if verdict:
-            cached.reason = cached.reason.removesuffix(" (cached)") + " (cached, checked)"
+        if verdict in (HOLDS, UNCLEAR):
+            cached.reason += (" (cached, checked)" if verdict == HOLDS
+                              else " (cached; re-check inconclusive, timings erratic)")
             return cached
     return measure_and_choose(shapes, cache_dir, busy)
 

@@ -89,6 +89,25 @@ def test_a_real_measurement_times_every_kind_interleaved():
     assert all(s >= 0 for s in m.decode_spread.values())
 
 
+def test_tune_keeps_a_cached_choice_unless_the_check_says_it_changed(tmp_path, monkeypatch):
+    decode = {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 2.0, "int4_f32": 9.0}
+    prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
+    kp._store(TINY, tmp_path, kp.choose(_m(decode, prefill), TINY))
+    for verdict, ending in ((kp.HOLDS, "(cached, checked)"), (kp.UNCLEAR, "timings erratic)")):
+        monkeypatch.setattr(kp, "validate", lambda *a, v=verdict, **k: v)
+        policy = kp.tune(TINY, tmp_path)
+        assert policy.cached and policy.decode == "int4_bf16" and policy.reason.endswith(ending)
+    monkeypatch.setattr(kp, "validate", lambda *a, **k: kp.INTERRUPTED)
+    assert kp.tune(TINY, tmp_path) is None
+    # Changed: measured again (here float16 wins everything) and the new choice cached.
+    monkeypatch.setattr(kp, "validate", lambda *a, **k: kp.CHANGED)
+    monkeypatch.setattr(kp, "measure", lambda *a, **k: _m({**decode, "float16": 1.0},
+                                                          {**prefill, "float16": 1.0}, 0.01))
+    fresh = kp.tune(TINY, tmp_path)
+    assert not fresh.cached and fresh.label == "float16"
+    assert kp.cached_policy(TINY, tmp_path).label == "float16"
+
+
 def test_a_measurement_stops_when_the_engine_gets_work(tmp_path):
     calls = []
     assert kp.measure(TINY, busy=lambda: len(calls) > 2 or calls.append(1)) is None
@@ -123,11 +142,14 @@ def test_validation_re_times_the_choice_and_runner_up_only_and_expires():
     prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
     policy = kp.choose(_m(decode, prefill), TINY)  # int4_bf16 (float16 next), bfloat16 (int4_bf16 next)
     timed = []
-    kp.validate(policy, TINY, busy=lambda: timed.append(1) and False)
+    verdict = kp.validate(policy, TINY, busy=lambda: timed.append(1) and False)
+    assert verdict in (kp.HOLDS, kp.CHANGED, kp.UNCLEAR)
     assert len(timed) == kp.VALIDATE_REPS * 3  # int4_bf16, float16, bfloat16
+    assert kp.validate(policy, TINY, busy=lambda: True) == kp.INTERRUPTED
     policy.measured_at -= (kp.MAX_AGE_DAYS + 1) * 86_400
     timed.clear()
-    assert kp.validate(policy, TINY, busy=lambda: timed.append(1) and False) is False and not timed
+    assert kp.validate(policy, TINY, busy=lambda: timed.append(1) and False) == kp.CHANGED
+    assert not timed  # expired: no re-timing, a full measurement follows
 
 
 @pytest.fixture

@@ -16,12 +16,14 @@ worker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +43,7 @@ DEFAULT_SESSION_HEADER = "X-Session-ID"
 CHARS_PER_TOKEN = 4  # the usual estimate for English text with BPE vocabularies
 MAX_ERROR_BODY = 64 * 1024  # bytes of an error answer read for its message
 TOKENIZE_TIMEOUT_S = 3.0
+COUNT_CACHE_ENTRIES = 4096
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,10 @@ class RemoteBackend:
         self._requests: dict[str, _Request] = {}
         self._lock = threading.Lock()
         self._tokenize_works: bool | None = None  # None: not tried yet
+        self._tokenize_url: str | None = None  # where the server counted, once it has
+        # The server's counts, per model and text (a chat's messages are counted again every
+        # turn, a document once per chat): digest -> tokens, oldest first.
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"RemoteBackend({self.settings!r})"
@@ -230,29 +237,55 @@ class RemoteBackend:
     # -- tokens ---------------------------------------------------------------------------
 
     def count_tokens(self, text: str) -> int:
-        """The server's count where it has a /tokenize endpoint (llama.cpp, vLLM), else an
-        estimate (about 4 characters a token). Blocking for up to a few seconds: call it off
-        the GUI thread, or use `estimate_tokens` for a quick figure."""
+        """The server's count where it has a /tokenize endpoint (vLLM, SGLang, llama.cpp
+        server), else an estimate (about 4 characters a token); a server without one is not
+        asked again. Counts are cached per model and text. Blocking for up to a few seconds
+        on a miss: call it off the GUI thread, or use `estimate_tokens` for a quick figure."""
         if self._tokenize_works is False or self._model is None or not text:
             return estimate_tokens(text)
+        key = hashlib.blake2b(f"{self._model.name}\0{text}".encode("utf-8", "surrogatepass"),
+                              digest_size=16).digest()
+        with self._lock:
+            cached = self._counts.get(key)
+            if cached is not None:
+                self._counts.move_to_end(key)
+                return cached
         counted = self._tokenize(text)
         self._tokenize_works = counted is not None
-        return counted if counted is not None else estimate_tokens(text)
+        if counted is None:
+            return estimate_tokens(text)
+        with self._lock:
+            self._counts[key] = counted
+            while len(self._counts) > COUNT_CACHE_ENTRIES:
+                self._counts.popitem(last=False)
+        return counted
+
+    def busy(self) -> bool:
+        """Whether a reply is in flight."""
+        with self._lock:
+            return bool(self._requests)
 
     def _tokenize(self, text: str) -> int | None:
-        # One body for both: vLLM reads model+prompt and answers "count"; llama.cpp reads
-        # content and answers "tokens". Each ignores the other's keys.
-        body = {"model": self._model.name, "prompt": text, "content": text, "add_special": False}
-        try:
-            response = self._client.post(f"{server_root(self.settings.base_url)}/tokenize",
-                                         json=body, timeout=TOKENIZE_TIMEOUT_S)
-            data = response.json() if response.status_code == 200 else None
-        except Exception:  # noqa: BLE001 -- no endpoint, or no answer: estimate instead
-            return None
-        if isinstance(data, dict) and isinstance(data.get("count"), int):
-            return data["count"]
-        if isinstance(data, dict) and isinstance(data.get("tokens"), list):
-            return len(data["tokens"])
+        """The server's count, or None. vLLM and llama.cpp server answer at the server's root
+        (`/tokenize`), SGLang under the API (`/v1/tokenize`): the first that answers is kept."""
+        # One body for all: vLLM and SGLang read model+prompt and answer "count"; llama.cpp
+        # reads content and answers "tokens". Each ignores the others' keys.
+        body = {"model": self._model.name, "prompt": text, "content": text,
+                "add_special": False, "add_special_tokens": False}
+        urls = ([self._tokenize_url] if self._tokenize_url else
+                [f"{server_root(self.settings.base_url)}/tokenize", f"{self.settings.base_url}/tokenize"])
+        for url in urls:
+            try:
+                response = self._client.post(url, json=body, timeout=TOKENIZE_TIMEOUT_S)
+                data = response.json() if response.status_code == 200 else None
+            except Exception:  # noqa: BLE001 -- no endpoint, or no answer: estimate instead
+                data = None
+            count = (data["count"] if isinstance(data, dict) and isinstance(data.get("count"), int)
+                     else len(data["tokens"]) if isinstance(data, dict)
+                     and isinstance(data.get("tokens"), list) else None)
+            if count is not None:
+                self._tokenize_url = url
+                return count
         return None
 
     # -- replies --------------------------------------------------------------------------

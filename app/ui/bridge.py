@@ -20,10 +20,11 @@ from pathlib import Path
 
 from app.backends.base import BackendError
 from app.backends.from_connection import remote_backend_for
-from app.backends.remote import estimate_tokens
+from app.chat.budget import MIN_REPLY_TOKENS, plan_reply
 from app.documents import DocumentError, count_tokens, extract_text, format_for_prompt
 from app.engine.device import DTYPE_CHOICES, available_devices, resolve_device
 from app.engine.engine import EngineConfig
+from app.engine.events import Failed, Finished
 from app.engine.kv_disk import KVDiskStore, StoreIdentity, default_budget_bytes
 from app.engine.sampling import SamplingParams
 from app.engine.session import ModelSession, NoModelError
@@ -35,20 +36,20 @@ from app.storage.errors import StorageError
 from app.ui.remote_models import RemoteModelInfo
 from app.ui.qt import QObject, QThread, Signal, Slot
 
-# Below this many free context tokens a reply is not worth starting.
-MIN_REPLY_TOKENS = 16
+# Template tokens a message adds around its text (role header, end of turn), for a remote
+# model's conversation count: its template is on the server.
+REMOTE_TOKENS_PER_MESSAGE = 4
 
 
 class EngineBridge(QObject):
     # -> worker (queued)
     _load = Signal(str, str, str, int, int, object)
     _load_remote = Signal(object, object, str)  # ConnectionStore, Route, context length
-    _submit = Signal(str, object, object, object)
+    _submit = Signal(str, object, object, object, str)
     _count = Signal(str, str)
     _read_document = Signal(str, str)
     _inspect = Signal(str)
     _prepare_builtin = Signal(str, str)
-    _continue = Signal(str, object, str, object, object)
     _count_chat = Signal(int, object)
     _probe_devices = Signal()
     _forget_owner = Signal(str)
@@ -77,6 +78,13 @@ class EngineBridge(QObject):
         # The chosen remote model's backend (a RemoteBackend), or None while a local model
         # serves. Set and cleared in the worker; `abort` reads it from the GUI thread.
         self.remote = None
+        # Which remote backend runs each remote reply (a chat switched to another model keeps
+        # its running reply on the old one); backends no longer chosen close once idle.
+        self._remote_of: dict[str, object] = {}
+        self._retired: list = []
+        # What the loaded local model was loaded with: picking it again (a chat switched back
+        # from a remote model) serves it at once instead of loading it again.
+        self._local_args: tuple | None = None
         self._thread = QThread()
         self._thread.setObjectName("ferrox-worker")
         self.moveToThread(self._thread)
@@ -87,7 +95,6 @@ class EngineBridge(QObject):
         self._read_document.connect(self._do_read_document)
         self._inspect.connect(self._do_inspect)
         self._prepare_builtin.connect(self._do_prepare_builtin)
-        self._continue.connect(self._do_continue)
         self._count_chat.connect(self._do_count_chat)
         self._probe_devices.connect(self._do_probe_devices)
         self._forget_owner.connect(self._do_forget_owner)
@@ -107,12 +114,6 @@ class EngineBridge(QObject):
     def probe_devices(self) -> None:
         """Ask which devices exist (answered by devicesFound)."""
         self._probe_devices.emit()
-
-    def continue_reply(self, request_id: str, messages: Sequence[Message], partial: str,
-                       params: SamplingParams, cache_owner: str | None = None) -> None:
-        """Carry on `partial`, the assistant reply after `messages` (cut by the token
-        limit): no new user turn, the same reply continues from its cached KV."""
-        self._continue.emit(request_id, tuple(messages), partial, params, cache_owner)
 
     def count_chat(self, chat_id: int, messages: Sequence[Message]) -> None:
         """Tokens the conversation takes as a prompt (answered by chatCounted)."""
@@ -134,17 +135,25 @@ class EngineBridge(QObject):
         self._load_remote.emit(connections, route, str(context_length))
 
     def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams,
-               cache_owner: str | None = None) -> None:
+               cache_owner: str | None = None, partial: str = "") -> None:
         """`cache_owner` (a chat id) is recorded with the pages saved to disk, so
-        `forget_cache_owner` can delete them when the chat is deleted for good."""
-        self._submit.emit(request_id, tuple(messages), params, cache_owner)
+        `forget_cache_owner` can delete them when the chat is deleted for good (a remote
+        model gets it as the session header). `partial` (Continue): the assistant reply after
+        `messages`, cut by the token limit, which the model carries on -- no new user turn;
+        locally the same reply continues from its cached KV."""
+        self._submit.emit(request_id, tuple(messages), params, cache_owner, partial)
+
+    def submit_request(self, request) -> None:
+        """A chat service's SubmitRequest (app/chat/service.py)."""
+        self.submit(request.request_id, request.messages, request.params,
+                    cache_owner=request.session_id or None, partial=request.partial)
 
     def forget_cache_owner(self, owner: str) -> None:
         """Delete the disk-cached pages only `owner` used, for every model (in the worker)."""
         self._forget_owner.emit(owner)
 
     def abort(self, request_id: str) -> None:
-        remote = self.remote
+        remote = self._remote_of.get(request_id) or self.remote
         if remote is not None:
             remote.abort(request_id)  # only sets a flag and wakes the reader
         self.session.abort(request_id)
@@ -175,8 +184,9 @@ class EngineBridge(QObject):
         Safe to call twice (window close, then application quit)."""
         if not self._thread.isRunning():
             return
-        if self.remote is not None:
-            self.remote.close()
+        for remote in [self.remote, *self._retired]:
+            if remote is not None:
+                remote.close()
         self.session.close()
         self._thread.quit()
         self._thread.wait(10_000)
@@ -199,8 +209,14 @@ class EngineBridge(QObject):
     @Slot(str, str, str, int, int, object)
     def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,
                  context_size: int, disk_cache) -> None:
+        args = (path, device, dtype, prefill_chunk, context_size, disk_cache)
+        if self.session.info is not None and args == self._local_args:
+            self._drop_remote()  # still loaded: it serves again, its cache intact
+            self.modelLoaded.emit(self.session.info)
+            return
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
         self._drop_remote()  # a local model serves from now on (or none, if it fails)
+        self._local_args = None
         before = self.session.info
         # Read by session.load: the store opens (or stays off) with the model. The folder is
         # remembered even when the cache is off: deleting a chat still deletes its pages.
@@ -221,12 +237,18 @@ class EngineBridge(QObject):
             else:
                 self.modelFailed.emit(str(exc))
             return
+        self._local_args = args
         self.modelLoaded.emit(info)
 
     def _drop_remote(self) -> None:
+        """The chosen remote backend is no longer chosen: it closes once its replies end
+        (another chat's stream is never cut by a model switch)."""
         remote, self.remote = self.remote, None
         if remote is not None:
-            remote.close()
+            self._retired.append(remote)
+        for old in [r for r in self._retired if not r.busy()]:
+            self._retired.remove(old)
+            old.close()
 
     @Slot(object, object, str)
     def _do_load_remote(self, connections, route, context_length: str) -> None:
@@ -243,44 +265,37 @@ class EngineBridge(QObject):
         self.modelLoaded.emit(RemoteModelInfo(route.key, model.name, model.location,
                                               model.context_length or int(context_length)))
 
-    @Slot(str, object, object, object)
+    @Slot(str, object, object, object, str)
     def _do_submit(self, request_id: str, messages: tuple, params: SamplingParams,
-                   cache_owner) -> None:
-        if self.remote is not None:  # events arrive on the reply's own thread
-            self.remote.submit_chat(messages, params, self.event.emit, request_id,
-                                    session_id=cache_owner)
+                   cache_owner, partial: str) -> None:
+        remote = self.remote
+        if remote is not None:  # events arrive on the reply's own thread
+            self._remote_of[request_id] = remote
+            remote.submit_chat(messages, params, self._remote_event, request_id,
+                               session_id=cache_owner, partial=partial)
             return
         try:
-            prompt = self.session.chat_prompt(messages)
+            prompt = (self.session.continuation_prompt(messages, partial) if partial
+                      else self.session.chat_prompt(messages))
         except (NoModelError, ValueError) as exc:
             self.submitFailed.emit(request_id, str(exc))
             return
-        self._submit_prompt(request_id, prompt, params, cache_owner)
-
-    @Slot(str, object, str, object, object)
-    def _do_continue(self, request_id: str, messages: tuple, partial: str,
-                     params: SamplingParams, cache_owner) -> None:
-        if self.remote is not None:
-            self.submitFailed.emit(request_id, "A remote model cannot continue a cut reply; "
-                                   "Regenerate writes the reply again with a higher length limit.")
-            return
-        try:
-            prompt = self.session.continuation_prompt(messages, partial)
-        except (NoModelError, ValueError) as exc:
-            self.submitFailed.emit(request_id, str(exc))
-            return
-        self._submit_prompt(request_id, prompt, params, cache_owner)
-
-    def _submit_prompt(self, request_id: str, prompt: list[int], params: SamplingParams,
-                       cache_owner: str | None = None) -> None:
+        # The context budget (app/chat/budget.py): the reply may use what the context has
+        # left; a prompt that leaves too little is refused before it is sent.
         context = self.session.info.context_length
-        room = context - len(prompt)
-        if room < MIN_REPLY_TOKENS:
+        plan = plan_reply(context, len(prompt), params.max_tokens, min_reply=MIN_REPLY_TOKENS)
+        if not plan.fits:
             self.contextOverflow.emit(request_id, len(prompt), context)
             return
-        if params.max_tokens > room:  # the reply may use what the context has left
-            params = replace(params, max_tokens=room)
+        if plan.max_tokens != params.max_tokens:
+            params = replace(params, max_tokens=plan.max_tokens)
         self.session.submit(prompt, params, self.event.emit, request_id, cache_owner)
+
+    def _remote_event(self, event) -> None:
+        """A remote reply's event (on its stream's thread): forget its backend once it ends."""
+        if isinstance(event, (Finished, Failed)):
+            self._remote_of.pop(event.request_id, None)
+        self.event.emit(event)
 
     @Slot(str)
     def _do_forget_owner(self, owner: str) -> None:
@@ -298,6 +313,12 @@ class EngineBridge(QObject):
             if identity.folder_name == folder.name:
                 KVDiskStore(root, identity, self.session.kv_budget_bytes or 0).forget_owner(owner)
 
+    def _count_remote_chat(self, messages: tuple) -> int:
+        """A remote model's conversation: each message's text counted by the server (its
+        /tokenize, cached per text, or the estimate), plus its template's few tokens."""
+        remote = self.remote
+        return sum(remote.count_tokens(m.content) + REMOTE_TOKENS_PER_MESSAGE for m in messages)
+
     @Slot(str, str)
     def _do_count(self, key: str, text: str) -> None:
         if self.remote is not None:
@@ -310,8 +331,8 @@ class EngineBridge(QObject):
 
     @Slot(int, object)
     def _do_count_chat(self, chat_id: int, messages: tuple) -> None:
-        if self.remote is not None:  # an estimate: the server's template is unknown here
-            self.chatCounted.emit(chat_id, sum(estimate_tokens(m.content) for m in messages))
+        if self.remote is not None:
+            self.chatCounted.emit(chat_id, self._count_remote_chat(messages))
             return
         try:
             self.chatCounted.emit(chat_id, len(self.session.chat_prompt(messages)))
@@ -336,8 +357,8 @@ class EngineBridge(QObject):
         """Tokens of the document as the prompt holds it (-1 without a model), counted in
         bounded chunks (app.documents.count_tokens) so a huge file neither stalls nor
         ignores a cancel."""
-        if self.remote is not None:
-            return estimate_tokens(format_for_prompt(document))
+        if self.remote is not None:  # the server's count (cached per text) or the estimate
+            return self.remote.count_tokens(format_for_prompt(document))
         try:
             self.session.count_tokens("")
         except NoModelError:

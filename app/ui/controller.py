@@ -1,19 +1,24 @@
 """What the main window does: chats, sending, streaming, versions, documents, models.
 
-Runs entirely on the GUI thread. It talks to the engine only through `EngineBridge`
-(queued signals in, Qt signals out) and to the store directly (every store call is short).
-Several chats may generate at once; switching chats never touches a stream, it only changes
-which chat the message view shows.
+Runs entirely on the GUI thread. What a reply is -- its prompt, its lifecycle, what is saved
+and when, the context budget -- is the chat service's (app/chat/service.py, no Qt); this
+module wires it to the widgets: the bridge's events go to `ChatService.apply` and the
+outcome is shown. It talks to the engine only through `EngineBridge` (queued signals in, Qt
+signals out) and to the store directly (every store call is short). Several chats may
+generate at once; switching chats never touches a stream, it only changes which chat the
+message view shows (and, when that chat was answered by another model, the picker's model).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-import time
 from pathlib import Path
 
-from app.engine.events import Failed, Finished, PrefillProgress, Queued, Token
+from app.chat.metadata import is_cut
+from app.chat.prompt import chat_messages
+from app.chat.service import ChatService
+from app.engine.events import PrefillProgress, Queued, Token
 from app.engine.sampling import SamplingParams
 from app.storage import ChatStore, NewAttachment, StorageError
 from app.ui.bridge import EngineBridge
@@ -24,29 +29,19 @@ from app.ui.defaults import DEFAULT_SAMPLING, SAMPLING_KEYS
 from app.ui.dialog_actions import DialogActions
 from app.paths import models_dir
 from app.ui.document_actions import SEARCHED, DocumentActions, PendingAttachment
-from app.ui.document_plan import (PASSAGES_KEY, chat_mode, cited_passages, is_searched,
-                                  passages_that_fit, passages_to_metadata, prompt_messages,
-                                  search_question, searched_sources)
+from app.ui.document_plan import chat_mode, cited_passages, is_searched
 from app.ui.retrieval_worker import RetrievalWorker
 from app.ui.main_window import MainWindow
 from app.ui.model_actions import ModelActions
 from app.ui.remote_models import route
 from app.ui.qt import QObject, Qt, QTimer, QtWidgets
 from app.ui.reasoning_view import split_reply
-from app.ui.replies import SAVE_INTERVAL_MS, ActiveReply, ReplyBook
+from app.ui.replies import SAVE_INTERVAL_MS, ActiveReply
 from app.ui.title_actions import TitleActions
 from app.ui.titles import fallback_title
 from app.ui.trash_actions import TrashActions
 from app.ui.trash_dialog import TrashDialog
-from app.ui.view_models import (
-    COMPLETE,
-    ERROR,
-    PREFILLING,
-    QUEUED,
-    STOPPED,
-    STREAMING,
-    MessageItem,
-)
+from app.ui.view_models import COMPLETE, ERROR, STREAMING, MessageItem
 
 
 class ChatController(QObject, ModelActions, DocumentActions, DialogActions, TrashActions,
@@ -62,7 +57,11 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.data_dir = data_dir
         self.model_override = model_override
         self.device_override = device_override
-        self.replies = ReplyBook()
+        # The replies' lifecycle; requests go to the bridge's worker (looked up at each call,
+        # so a test may wrap bridge.submit).
+        self.chat = ChatService(store, lambda r: self.bridge.submit_request(r),
+                                lambda request_id: self.bridge.abort(request_id),
+                                self._sampling_params)
         self.alerts: list[tuple[str, str]] = []  # every alert shown, newest last
         self.model_info = None
         self.model_error = ""
@@ -73,7 +72,6 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._deleted_chat_id: int | None = None
         self._last_usage: dict[int, tuple[int, int, int]] = {}  # chat -> used, cached, context
         self._restored: dict[int, int] = {}  # chat -> of its cached tokens, read from disk
-        self._continued_usage: dict[int, dict] = {}  # message -> its metadata before Continue
         self._title_jobs: dict[str, tuple[int, str]] = {}  # request id -> chat id, title so far
         self._auto_titles: dict[int, str] = {}  # chat -> the title given automatically
         self.trash_dialog: TrashDialog | None = None
@@ -92,6 +90,11 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._init_model_state()
         self._connect()
         self._save_timer.start()
+
+    @property
+    def replies(self):
+        """The replies in progress (the chat service's ReplyBook)."""
+        return self.chat.replies
 
     # ---- wiring ------------------------------------------------------------------------
 
@@ -161,10 +164,12 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.bridge.probe_devices()
         self.refresh_models()
         self.refresh_chat_list()
+        self._starting = True  # the first chat shown sets the picker; it is loaded below
         if self.window.chat_list.count():
             self.window.chat_list.setCurrentRow(0)
         else:
             self.new_chat()
+        self._starting = False
         self._update_send_state()
         self.load_selected_model()
 
@@ -246,11 +251,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.refresh_chat_list()
 
     def delete_chat(self, chat_id: int) -> None:
-        reply = self.replies.for_chat(chat_id)
-        if reply and (reply.held or reply.searching):
-            self._cancel_held(reply)
-        elif reply:
-            self.bridge.abort(reply.request_id)
+        stopped = self.chat.stop(chat_id)
+        if stopped is not None and stopped.outcome is not None:  # never sent: ended here
+            self._after_end(stopped)
         chat = self.store.delete_chat(chat_id)
         self._deleted_chat_id = chat_id
         self.window.statusBar().showMessage(f"“{chat.title[:40]}” moved to the Trash", 8000)
@@ -285,6 +288,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         for reply in self.replies.all():  # items are rebuilt for the chat now shown
             reply.view_item = None
         chat = self.store.get_chat(chat_id)
+        self.follow_chat_model(chat)
         self.window.chat_title.setText(chat.title)
         items = [self._item_for(m) for m in self.store.active_path(chat_id)]
         view = self.window.message_view
@@ -317,12 +321,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             return
         path = self.store.active_path(chat_id)
         if path:
-            self.bridge.count_chat(chat_id, self._prompt_messages(self.store.get_chat(chat_id), path))
-
-    def _prompt_messages(self, chat, path, leave_out: int | None = None):
-        """The conversation as the model reads it (app/ui/document_plan.prompt_messages)."""
-        settings = chat.settings or {}
-        return prompt_messages(settings.get("system_prompt", ""), path, chat_mode(settings), leave_out)
+            self.bridge.count_chat(chat_id, chat_messages(self.store.get_chat(chat_id), path))
 
     def _on_chat_counted(self, chat_id: int, tokens: int) -> None:
         if self.model_info is None or chat_id in self._last_usage:
@@ -345,8 +344,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                 info += f" · {meta['cached_tokens']:,} prompt tokens reused"
             if meta.get("restored_tokens"):
                 info += f" (restored {meta['restored_tokens']:,} tokens from disk)"
-        cut = (message.role == "assistant" and not live and status == COMPLETE
-               and meta.get("finish_reason") == "length")
+        cut = message.role == "assistant" and not live and status == COMPLETE and is_cut(meta)
         mode = chat_mode(self.store.get_chat(message.chat_id).settings) if message.attachments else ""
         names = tuple(f"{a.name} (searched)" if is_searched(a, mode) else a.name
                       for a in message.attachments)
@@ -410,24 +408,22 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             return
         if not text.strip() and not chips:
             return
+        self.remember_chat_model(chat_id)
         attachments = [NewAttachment(name=c.name, kind=c.document.kind, text=c.document.text,
                                      token_count=max(c.tokens or 0, 0),
                                      size_bytes=c.document.size_bytes,
                                      sha256=c.sha256 if c.index == SEARCHED else None)
                        for c in chips]
         try:
-            with self.store.transaction():
-                user = self.store.add_message(chat_id, "user", text.strip(), attachments=attachments)
-                reply = self.store.add_message(chat_id, "assistant", "", status="streaming")
-                self._maybe_title(chat_id, text, chips)
+            reply_id = self.chat.add_turn(chat_id, text, attachments,
+                                          also=lambda: self._maybe_title(chat_id, text, chips))
         except StorageError as exc:
             self._alert("Could not save the message", str(exc))
             return
-        del user
         self.pending.pop(chat_id, None)
         self.window.composer.clear_text()
         held = self.model_info is None
-        self._start_reply(chat_id, reply.id, held=held)
+        self._start_reply(chat_id, reply_id, held=held)
         if held:
             self.window.statusBar().showMessage(
                 "The model is still loading: your message is queued and will be sent when "
@@ -440,79 +436,50 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             self.store.rename_chat(chat_id, title)
             self._auto_titles[chat_id] = self.store.get_chat(chat_id).title
 
-    def _start_reply(self, chat_id: int, reply_id: int, held: bool = False,
-                     prefix: str = "") -> None:
-        """Start the reply `reply_id` (empty and streaming, or `prefix` to carry on): submit
-        the conversation before it now, or once the model is ready when `held`."""
-        request_id = f"chat{chat_id}-{next(self._request_ids)}"
-        reply = ActiveReply(request_id, chat_id, reply_id, text=prefix, held=held, prefix=prefix)
-        self.replies.add(reply)
-        if not held:
+    def _start_reply(self, chat_id: int, reply_id: int, held: bool = False) -> None:
+        """Start the reply `reply_id` (saved empty and streaming): submit the conversation
+        before it now, or once the model is ready when `held`."""
+        self._show_started(self.chat.begin(chat_id, reply_id, held=held))
+
+    def _show_started(self, reply: ActiveReply) -> None:
+        if not reply.held:
             self._submit(reply)
-        path = self.store.active_path(chat_id)
-        if chat_id == self.current_chat_id:
-            self._show_new_messages(chat_id, path)
+        if reply.chat_id == self.current_chat_id:
+            self._show_new_messages(reply.chat_id, self.store.active_path(reply.chat_id))
         self.refresh_chat_list()
 
     def _submit(self, reply: ActiveReply) -> None:
-        path = self.store.active_path(reply.chat_id)
-        chat = self.store.get_chat(reply.chat_id)
-        if self._search_first(reply, chat, path):
-            return
-        messages = self._prompt_messages(chat, path, leave_out=reply.message_id)
-        reply.started_at = time.monotonic()
-        if reply.prefix:
-            self.bridge.continue_reply(reply.request_id, messages, reply.prefix,
-                                       self._sampling_params(chat), cache_owner=str(chat.id))
-        else:
-            self.bridge.submit(reply.request_id, messages, self._sampling_params(chat),
-                               cache_owner=str(chat.id))
-
-    def _search_first(self, reply: ActiveReply, chat, path) -> bool:
-        """A chat with searched documents: a new reply first asks the document worker for
-        the question's passages (then `_on_retrieved` submits). False when there is nothing
-        to search or the reply already has its passages (a Continue, a retry)."""
-        index = next((i for i, m in enumerate(path) if m.id == reply.message_id), None)
-        sources = searched_sources(path, chat_mode(chat.settings))
-        if (not sources or reply.prefix or index is None or index == 0
-                or PASSAGES_KEY in (path[index].metadata or {})):
-            return False
-        reply.searching = True
+        """Send the reply's prompt; a chat with searched documents first asks the document
+        worker for the question's passages (then `_on_retrieved` submits)."""
         context = self.model_info.context_length if self.model_info else 0
-        used = self._last_usage.get(chat.id, (0, 0, 0))[0]
-        k = passages_that_fit(context, used, self._reply_room(chat.id)) if context else 1
-        self.documents.retrieve(reply.request_id, search_question(path[index - 1]), sources, k)
-        return True
+        used = self._last_usage.get(reply.chat_id, (0, 0, 0))[0]
+        plan = self.chat.search_plan(reply, context, used)
+        if plan is not None:
+            self.documents.retrieve(plan.request_id, plan.question, plan.sources, plan.k)
+            return
+        self.chat.submit(reply)
 
     def _on_retrieved(self, request_id: str, retrieved) -> None:
-        """The question's passages: saved with the reply (reopening the chat shows them),
-        then the prompt that numbers them is submitted."""
-        reply = self.replies.get(request_id)
-        if reply is None or not reply.searching:
+        """The question's passages: the service saves them with the reply (reopening the
+        chat shows them) and submits the prompt that numbers them."""
+        reply = self.chat.passages_found(request_id, retrieved)
+        if reply is None:
             return  # stopped while searching
-        reply.searching = False
-        try:
-            self.store.update_message(reply.message_id,
-                                      metadata={PASSAGES_KEY: passages_to_metadata(retrieved)})
-        except StorageError as exc:
-            self._fail(reply, str(exc))
+        if reply.outcome is not None:  # could not be saved
+            self._after_end(reply)
             return
-        reply.view_item = None  # the stored item now has its sources
-        self._submit(reply)
         self._refresh_message(reply)
         self._refresh_chat_item(reply.chat_id)  # the list's badge: no longer "searching"
 
     def _on_retrieve_failed(self, request_id: str, message: str) -> None:
         reply = self.replies.get(request_id)
         if reply is not None and reply.searching:
-            reply.searching = False
             self._fail(reply, message)
 
     def _submit_held(self) -> None:
         """The model is ready: send what waited for it."""
-        held = [r for r in self.replies.all() if r.held]
+        held = self.chat.release_held()
         for reply in held:
-            reply.held = False
             self._submit(reply)
             self._refresh_message(reply)
             self._refresh_chat_item(reply.chat_id)
@@ -522,25 +489,18 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
 
     def _fail_held(self, message: str) -> None:
         """The model could not be loaded: what waited for it fails with the reason (the
-        question stays; Regenerate sends it once a model is loaded)."""
-        for reply in [r for r in self.replies.all() if r.held]:
-            self._fail(reply, f"Not sent: the model could not be loaded. {message}")
-
-    def _cancel_held(self, reply: ActiveReply) -> None:
-        """Stop a reply that never reached the engine (it waited for the model)."""
-        self.replies.pop(reply.request_id)
-        self._save_final(reply, reply.text, STOPPED, None, {})
-        self._after_reply(reply)
+        question stays; Retry sends it once a model is loaded)."""
+        for reply in self.chat.fail_held(f"Not sent: the model could not be loaded. {message}"):
+            self._after_end(reply)
 
     def continue_reply(self, message_id: int) -> None:
-        """Carry on a reply cut by the token limit: the same message grows, no new turn."""
+        """Carry on a reply cut by the token limit: the same message grows, no new turn
+        (on a remote model too: the server continues the final assistant message)."""
         message = self.store.get_message(message_id)
-        if self.replies.for_chat(message.chat_id) or self.model_info is None:
+        if self.chat.busy(message.chat_id) or self.model_info is None:
             self.window.statusBar().showMessage("Wait for the model and the current reply.", 5000)
             return
-        self._continued_usage[message_id] = dict(message.metadata or {})
-        self.store.update_message(message_id, status="streaming")
-        self._start_reply(message.chat_id, message_id, prefix=message.content)
+        self._show_started(self.chat.begin_continue(message_id))
 
     def _show_new_messages(self, chat_id: int, path) -> None:
         """Append what the view lacks when it already shows the path's beginning (a send):
@@ -569,33 +529,28 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     def stop(self) -> None:
         if self.current_chat_id is None:
             return
-        reply = self.replies.for_chat(self.current_chat_id)
-        if reply and (reply.held or reply.searching):
-            self._cancel_held(reply)
-        elif reply:
-            self.bridge.abort(reply.request_id)
+        reply = self.chat.stop(self.current_chat_id)
+        if reply is not None and reply.outcome is not None:  # never sent: ended at once
+            self._after_end(reply)
+        elif reply is not None:
             self.window.statusBar().showMessage("Stopping…", 2000)
 
     def regenerate(self, message_id: int) -> None:
+        """Regenerate, or Retry on a failed reply: a new version; the old one (with any
+        partial text) stays as an earlier version."""
         message = self.store.get_message(message_id)
-        if self.replies.for_chat(message.chat_id) or self.model_info is None:
+        if self.chat.busy(message.chat_id) or self.model_info is None:
             self._update_send_state()
             self.window.statusBar().showMessage("Wait for the model and the current reply.", 5000)
             return
-        reply = self.store.add_version(message_id, "", status="streaming")
-        self._start_reply(message.chat_id, reply.id)
+        self._start_reply(message.chat_id, self.chat.new_version(message_id))
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         message = self.store.get_message(message_id)
-        if self.replies.for_chat(message.chat_id) or self.model_info is None:
+        if self.chat.busy(message.chat_id) or self.model_info is None:
             self.window.statusBar().showMessage("Wait for the model and the current reply.", 5000)
             return
-        attachments = [NewAttachment(a.name, a.kind, a.text, a.token_count, a.size_bytes, a.sha256)
-                       for a in message.attachments]
-        with self.store.transaction():
-            self.store.add_version(message_id, text.strip(), attachments=attachments)
-            reply = self.store.add_message(message.chat_id, "assistant", "", status="streaming")
-        self._start_reply(message.chat_id, reply.id)
+        self._start_reply(message.chat_id, self.chat.edit(message_id, text))
         self.window.composer.focus_input()  # the editor is gone; the next message goes here
 
     def switch_version(self, message_id: int, delta: int) -> None:
@@ -609,17 +564,17 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     # ---- engine events -----------------------------------------------------------------
 
     def _on_engine_event(self, event) -> None:
-        reply = self.replies.get(event.request_id)
+        reply = self.chat.apply(event)
         if reply is None:
             if event.request_id in self._title_jobs:
                 self._on_title_event(event)
             return
+        if reply.outcome is not None:
+            self._after_end(reply)
+            return
         if isinstance(event, Queued):
-            reply.state, reply.total = QUEUED, event.prompt_tokens
             self._refresh_chat_item(reply.chat_id)
         elif isinstance(event, PrefillProgress):
-            reply.state, reply.done, reply.total, reply.cached, reply.restored = (
-                PREFILLING, event.done, event.total, event.cached, event.restored)
             if self.model_info:
                 self._restored[reply.chat_id] = event.restored
                 self._last_usage[reply.chat_id] = (event.total, event.cached,
@@ -627,30 +582,14 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                 if reply.chat_id == self.current_chat_id:
                     self._update_context_meter()
             self._refresh_chat_item(reply.chat_id)
-        elif isinstance(event, Token):
-            if reply.state != STREAMING:
-                reply.state = STREAMING
-                reply.first_token_at = time.monotonic()
-                self._refresh_chat_item(reply.chat_id)
-            reply.tokens += 1
-            reply.text += event.text
-            reply.note_reasoning(time.monotonic())
-        elif isinstance(event, Finished):
-            self._finish(reply, event)
-            return
-        elif isinstance(event, Failed):
-            self._fail(reply, event.message)
-            return
+        elif isinstance(event, Token) and reply.tokens == 1:
+            self._refresh_chat_item(reply.chat_id)  # the list's badge: writing
         self._refresh_message(reply)
 
     def _save_streams(self) -> None:
+        for error in self.chat.save_streams():
+            self.window.statusBar().showMessage(error, 8000)
         for reply in self.replies.all():
-            if reply.due_for_save():
-                try:
-                    self.store.update_message(reply.message_id, content=reply.text)
-                    reply.mark_saved()
-                except StorageError as exc:
-                    self.window.statusBar().showMessage(str(exc), 8000)
             if reply.state == STREAMING and self.model_info:
                 # The conversation holds the prompt and the reply so far.
                 self._last_usage[reply.chat_id] = (reply.total + reply.tokens, reply.cached,
@@ -659,56 +598,35 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                 self.window.speed_label.setText(f"{reply.tokens_per_second():.1f} tok/s")
                 self._update_context_meter()
 
-    def _finish(self, reply: ActiveReply, event: Finished) -> None:
-        self.replies.pop(reply.request_id)
-        usage, timings = event.usage, event.timings
-        status = STOPPED if event.finish_reason == "abort" else COMPLETE
-        earlier = self._continued_usage.pop(reply.message_id, {}) if reply.prefix else {}
-        metadata = {"model": self.model_info.name if self.model_info else "",
-                    "finish_reason": event.finish_reason,
-                    "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
-                    "restored_tokens": usage.restored_tokens,
-                    "completion_tokens": usage.completion_tokens + earlier.get("completion_tokens", 0),
-                    "tokens_per_s": round(timings.decode_tokens_per_s, 1),
-                    "time_to_first_token_s": round(timings.time_to_first_token_s, 3)}
-        if reply.thinking_s is not None or earlier.get("thinking_s") is not None:
-            metadata["thinking_s"] = round(reply.thinking_s or earlier.get("thinking_s") or 0, 1)
-        self._save_final(reply, reply.prefix + event.text, status, None, metadata)
-        if self.model_info:
+    def _after_end(self, reply: ActiveReply) -> None:
+        """A reply ended and the service saved it (`reply.outcome`): show how."""
+        outcome = reply.outcome
+        if outcome.continue_failed:  # the reply stays as it was, cut
+            self._after_reply(reply)
+            self._alert("Could not continue the reply", outcome.error or "")
+            return
+        if outcome.error and outcome.status != ERROR:  # ended well, but not saved
+            self._alert("Could not save the reply", outcome.error)
+        usage, timings = outcome.usage, outcome.timings
+        if usage is not None and self.model_info:
             self._restored[reply.chat_id] = usage.restored_tokens
             self._last_usage[reply.chat_id] = (usage.prompt_tokens + usage.completion_tokens,
                                                usage.cached_tokens, self.model_info.context_length)
-        if reply.chat_id == self.current_chat_id:
+        if usage is not None and reply.chat_id == self.current_chat_id:
             self.window.speed_label.setText(f"{timings.decode_tokens_per_s:.1f} tok/s")
             if usage.restored_tokens:  # why this follow-up started quickly after a restart
                 self.window.statusBar().showMessage(
                     f"Restored {usage.restored_tokens:,} tokens of this conversation from "
                     "the disk cache instead of reading them again.", 10000)
         self._after_reply(reply)
-        if status == COMPLETE:
+        if outcome.status == COMPLETE and usage is not None:
             self._maybe_ask_for_title(reply.chat_id)
 
     def _fail(self, reply: ActiveReply, message: str) -> None:
-        self.replies.pop(reply.request_id)
-        if reply.prefix:  # a Continue that failed: the reply stays as it was, cut
-            self._save_final(reply, reply.text, COMPLETE, None,
-                             self._continued_usage.pop(reply.message_id, {}))
-            self._after_reply(reply)
-            self._alert("Could not continue the reply", message)
-            return
-        self._save_final(reply, reply.text, ERROR, message, {})
-        self._after_reply(reply)
-
-    def _save_final(self, reply: ActiveReply, text: str, status: str, error: str | None,
-                    metadata: dict) -> None:
-        try:
-            kept = (self.store.get_message(reply.message_id).metadata or {}).get(PASSAGES_KEY)
-            if kept is not None and PASSAGES_KEY not in metadata:  # the passages stay with it
-                metadata = {**metadata, PASSAGES_KEY: kept}
-            self.store.update_message(reply.message_id, content=text, status=status,
-                                      error=error, metadata=metadata)
-        except StorageError as exc:
-            self._alert("Could not save the reply", str(exc))
+        """End `reply` with `message` here (not from the backend: an overflow, a search that
+        failed); its text so far is kept."""
+        self.chat.fail(reply, message)
+        self._after_end(reply)
 
     def _after_reply(self, reply: ActiveReply) -> None:
         self._refresh_chat_item(reply.chat_id)
@@ -785,14 +703,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     def shutdown(self) -> None:
         """Save what is streaming, stop the engine, close the store."""
         self._save_timer.stop()
-        for reply in self.replies.all():
-            if reply.held:  # never sent: the question stays, the empty reply says why
-                self.store.update_message(reply.message_id, status=ERROR,
-                                          error="Not sent: the app closed before the model was ready.")
-                continue
-            self.store.update_message(reply.message_id, content=reply.text,
-                                      status=COMPLETE if reply.prefix and not reply.tokens else STOPPED)
-        self.replies = ReplyBook()
+        self.chat.close()
         self.documents.shutdown()
         self.bridge.shutdown()
         self.connections.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.chat.budget import reply_room
 from app.documents import Document
 from app.storage import NewAttachment
 from app.ui.document_plan import chat_mode, is_searched, should_index
@@ -130,8 +131,8 @@ class DocumentActions:
                 self.documents.index(chip.key, chip.path)
 
     def _reply_room(self, chat_id: int) -> int:
-        """Tokens a reply should have left: the chat's reply length, at most 1,024."""
-        return min(self._sampling_params(self.store.get_chat(chat_id)).max_tokens, 1024)
+        """Tokens a reply should have left (the context budget's reply_room)."""
+        return reply_room(self._sampling_params(self.store.get_chat(chat_id)).max_tokens)
 
     def _on_index_progress(self, key: str, done: int, total: int) -> None:
         chip = self._find_pending(key)
@@ -211,7 +212,7 @@ class DocumentActions:
         if reply is None:
             return
         over = prompt_tokens - context
-        room = min(self._sampling_params(self.store.get_chat(reply.chat_id)).max_tokens, 1024)
+        room = self._reply_room(reply.chat_id)
         message = (f"This conversation is {prompt_tokens:,} tokens but the model holds "
                    f"{context:,}{f' ({over:,} over)' if over > 0 else ''}, leaving no room for "
                    "a reply.")

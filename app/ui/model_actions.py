@@ -4,6 +4,12 @@ state (`store`, `bridge`, `window`, `model_info`, `replies`, `_alert`, `_confirm
 
 A new choice (model or engine settings) is remembered only once it has loaded: one that
 fails leaves the setting as it was, so the next launch does not open with the same error.
+
+The picker is per chat: a chat remembers the model it is answered by (its `model`, a picker
+key: a local path or built-in key, or a remote key), set when it first sends and whenever a
+model is picked in it; showing a chat switches the picker (and the loaded model) to its
+model. Local and remote mix freely mid-conversation: the prompt is the same plain messages.
+The app-wide setting "model" is the choice for chats that have none yet.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class ModelActions:
         self._pending_engine: dict | None = None  # engine settings waiting to prove they load
         self._remember_model: str | None = None  # picker key to save as the choice once loaded
         self._loaded_key: str | None = None  # picker key of the model that last loaded
+        self._local_key: str | None = None  # picker key of the local model last loaded
+        self._starting = False
 
     def engine_settings(self) -> dict:
         settings = dict(ENGINE_DEFAULTS)
@@ -212,6 +220,9 @@ class ModelActions:
         self._loaded_key = picker.currentData()
         builtin = builtin_for_key(picker.currentData() or "")
         local = route(picker.currentData()).kind == "local"
+        if local:
+            self._local_key = self._loaded_key
+        self.chat.set_model(info.name, "local" if local else "remote")  # saved with replies
         if builtin is None and local:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
@@ -266,6 +277,7 @@ class ModelActions:
         self._pending_engine = self._remember_model = None
         self.model_info = info
         self.model_error = ""
+        self.chat.set_model(info.name, "local")
         self._select_in_picker(info.path)
         self.window.model_status.setText(f"{info.name} ready (unchanged)")
         self.window.device_label.setText(f"{info.device} · {info.dtype}")
@@ -304,7 +316,43 @@ class ModelActions:
             return
         self._remember_model = key
         self.model_override = None
+        if self.current_chat_id is not None:  # this chat is answered by it from now on
+            self.remember_chat_model(self.current_chat_id, key)
         self.load_selected_model()
+
+    # -- the picker per chat -------------------------------------------------------------
+
+    def remember_chat_model(self, chat_id: int, key: str | None = None) -> None:
+        """Record the chat's model: `key`, or (a chat's first send) the one loaded."""
+        try:
+            chat = self.store.get_chat(chat_id)
+            key = key or (None if chat.model else self._loaded_key)
+            if key and key != chat.model:
+                self.store.set_chat_model(chat_id, key)
+        except StorageError as exc:
+            self.window.statusBar().showMessage(str(exc), 8000)
+
+    def follow_chat_model(self, chat) -> None:
+        """Showing `chat`: the picker switches to the chat's model and loads it. A chat
+        without one, or whose model is gone from the picker, keeps what is loaded. A switch
+        that would reload the local engine while replies run waits: the status bar says so
+        (picking the model again switches once they end)."""
+        wanted = chat.model
+        picker = self.window.model_picker
+        if not wanted or wanted == picker.currentData() or self.model_override:
+            return
+        index = picker.findData(wanted)
+        if index < 0:
+            return
+        reloads_engine = route(wanted).kind == "local" and wanted != self._local_key
+        if self.replies and reloads_engine and not self._starting:
+            self.window.statusBar().showMessage(
+                f"This chat was answered by {picker.itemText(index)}; it loads once the running "
+                "replies end (or pick it now to stop them).", 10000)
+            return
+        picker.setCurrentIndex(index)
+        if not self._starting:  # at start-up the first load follows
+            self.load_selected_model()
 
     # -- adding models -------------------------------------------------------------------
 

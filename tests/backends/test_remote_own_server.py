@@ -63,6 +63,18 @@ def test_remote_backend_on_our_own_server(embedded_model_path, tmp_path):
         assert isinstance(again, Finished)
         assert again.usage.cached_tokens > 0  # turn 1's prompt came from the server's prefix cache
 
+        # Continue: a reply cut by the length limit is carried on by the server (the chat
+        # API with continue_final_message), and together the parts are the uncut reply.
+        whole, cut, rest = Collector(), Collector(), Collector()
+        question = [Message("user", "Count from one to twenty in words.")]
+        backend.submit_chat(question, SamplingParams(max_tokens=16, temperature=0), whole)
+        backend.submit_chat(question, SamplingParams(max_tokens=8, temperature=0), cut)
+        assert whole.wait().finish_reason == "length" and cut.wait().finish_reason == "length"
+        backend.submit_chat(question, SamplingParams(max_tokens=8, temperature=0), rest,
+                            partial=cut.text)
+        assert isinstance(rest.wait(), Finished) and rest.text
+        assert cut.text + rest.text == whole.text
+
         # Stopped at once (before the reply could end by itself): the stream is closed.
         stopped = Collector()
         request_id = backend.submit_chat(history, SamplingParams(max_tokens=2000, temperature=0),

@@ -201,3 +201,37 @@ def test_message_mappings_pass_through_unchanged(server):
     sent = server.posts()[-1].json()["messages"]
     assert sent[1] == tool_turn and sent[2] == {"role": "tool", "content": "1", "tool_call_id": "c1"}
     assert json.loads(server.posts()[-1].body)["messages"][0] == {"role": "user", "content": "hi"}
+
+
+def test_continue_sends_the_partial_reply_as_a_final_assistant_message(server):
+    backend = backend_for(server, t.VLLM_MODEL, t.VLLM_MODELS, t.vllm_stream())
+    events = Collector()
+    backend.submit_chat(CHAT, PARAMS, events, session_id="chat-9", partial="Hello")
+    end = events.wait()
+    assert isinstance(end, Finished) and end.text == events.text == "Hello there!"  # new text only
+    body = server.posts("/v1/chat/completions")[-1].json()
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert body["messages"][:-1] == [{"role": m.role, "content": m.content} for m in CHAT]
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    run_chat(backend)  # a new reply carries neither key
+    assert "continue_final_message" not in server.posts("/v1/chat/completions")[-1].json()
+    backend.close()
+
+
+def test_token_counts_are_cached_per_text(server):
+    server.route("POST", "/tokenize", json_answer(200, {"count": 7}))
+    backend = backend_for(server, t.VLLM_MODEL, t.VLLM_MODELS, t.vllm_stream())
+    assert [backend.count_tokens("same text") for _ in range(3)] == [7, 7, 7]
+    assert backend.count_tokens("other text") == 7
+    assert [p.json()["prompt"] for p in server.posts("/tokenize")] == ["same text", "other text"]
+    backend.close()
+
+
+def test_sglang_counts_under_the_api_path(server):
+    server.route("POST", "/v1/tokenize", json_answer(200, {"tokens": [1, 2, 3], "count": 3,
+                                                            "max_model_len": 131072}))
+    backend = backend_for(server, t.SGLANG_MODEL, t.SGLANG_MODELS, t.sglang_stream())
+    assert backend.count_tokens("Hello") == 3 and backend.count_tokens("Hello again") == 3
+    assert len(server.posts("/tokenize")) == 1  # the root path, tried once
+    assert len(server.posts("/v1/tokenize")) == 2
+    backend.close()

@@ -24,11 +24,11 @@ def _chunk(model: str, delta: dict, finish=None, **extra) -> dict:
 VLLM_MODEL = "meta-llama/Llama-3.3-70B-Instruct"
 
 
-def vllm_stream(pieces=PIECES, *, cached=1184, reasoning=()) -> list[str]:
+def vllm_stream(pieces=PIECES, *, cached=1184, reasoning=(), finish="stop") -> list[str]:
     events = [sse({**_chunk(VLLM_MODEL, {"role": "assistant", "content": ""}), "usage": None})]
     events += [sse({**_chunk(VLLM_MODEL, {"reasoning_content": r}), "usage": None}) for r in reasoning]
     events += [sse({**_chunk(VLLM_MODEL, {"content": p}), "usage": None}) for p in pieces]
-    events.append(sse({**_chunk(VLLM_MODEL, {"content": ""}, "stop", stop_reason=None), "usage": None}))
+    events.append(sse({**_chunk(VLLM_MODEL, {"content": ""}, finish, stop_reason=None), "usage": None}))
     events.append(sse({"id": "chatcmpl-7f3a", "object": "chat.completion.chunk", "created": 1733150000,
                        "model": VLLM_MODEL, "choices": [],
                        "usage": {"prompt_tokens": 1200, "total_tokens": 1203, "completion_tokens": 3,

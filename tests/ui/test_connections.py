@@ -105,6 +105,7 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         assert failed.status == ERROR and "(429)" in failed.error and "Try again in 7 s" in failed.error
         server.route("POST", "/v1/chat/completions", needs_key(sse_answer(t.vllm_stream())))
         qtbot.waitUntil(lambda: shown(view, failed.id, "Try again in 7 s"), timeout=TIMEOUT_MS)
+        assert view.message_widget(failed.id).regenerate_button.text() == "Retry"
         qtbot.mouseClick(view.message_widget(failed.id).regenerate_button, Qt.LeftButton)
         driver.wait_until_idle(timeout=TIMEOUT_MS)
         retried = driver.path()[-1]
@@ -132,11 +133,60 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         stopped = driver.path()[-1]
         assert (stopped.content, stopped.status) == ("Hello", STOPPED)
 
-    # Back to the local model: it loads and serves as before.
+        # Continue on a remote model: a reply cut by the length limit is carried on by the
+        # server (the partial reply sent as the final assistant message), in the same message.
+        server.route("POST", "/v1/chat/completions", sse_answer(t.vllm_stream(finish="length")))
+        driver.type_and_send("Long?")
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        cut = driver.path()[-1]
+        assert cut.metadata["finish_reason"] == "length"
+        qtbot.waitUntil(lambda: view.message_widget(cut.id) is not None
+                        and view.message_widget(cut.id).continue_button.isVisibleTo(view),
+                        timeout=TIMEOUT_MS)
+        server.route("POST", "/v1/chat/completions", sse_answer(t.vllm_stream()))
+        qtbot.mouseClick(view.message_widget(cut.id).continue_button, Qt.LeftButton)
+        driver.wait_until_idle(timeout=TIMEOUT_MS)
+        continued = driver.store.get_message(cut.id)
+        assert (continued.content, continued.status) == ("Hello there!Hello there!", COMPLETE)
+        body = server.posts()[-1].json()
+        assert body["messages"][-1] == {"role": "assistant", "content": "Hello there!"}
+        assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+
+        # The picker is per chat: this chat remembers its remote model; a new chat picks the
+        # local one; switching chats switches the picker and the model that answers.
+        remote_chat, remote = controller.current_chat_id, picker.currentData()
+        assert driver.store.get_chat(remote_chat).model == remote
+        controller.new_chat()
+        local_chat = controller.current_chat_id
+        picker.setCurrentIndex(picker.findData(local))
+        picker.activated.emit(picker.currentIndex())
+        driver.wait_for_model()
+        assert controller.bridge.remote is None
+        assert driver.store.get_chat(local_chat).model == local
+        controller.show_chat(remote_chat)
+        assert picker.currentData() == remote
+        qtbot.waitUntil(lambda: controller.model_info is not None, timeout=TIMEOUT_MS)
+        assert controller.model_info.dtype == "remote"
+        controller.show_chat(local_chat)
+        assert picker.currentData() == local
+        driver.wait_for_model()
+        assert controller.bridge.remote is None and controller.model_info.dtype != "remote"
+        controller.show_chat(remote_chat)
+        qtbot.waitUntil(lambda: controller.model_info is not None, timeout=TIMEOUT_MS)
+        assert controller.model_info.dtype == "remote"
+
+    # The remote chat switches to the local model mid-conversation: it loads and answers
+    # the same conversation, and the chat now remembers the local model.
     picker.setCurrentIndex(picker.findData(local))
     picker.activated.emit(picker.currentIndex())
     driver.wait_for_model()
     assert controller.bridge.remote is None and controller.model_info.dtype != "remote"
+    driver.set_max_tokens(4)
+    driver.type_and_send("And locally?")
+    driver.wait_until_idle()
+    answered = driver.path()[-1]
+    assert answered.status == COMPLETE and answered.metadata["backend"] == "local"
+    assert driver.store.get_chat(remote_chat).model == local
 
 
 @pytest.mark.qt_log_ignore("This plugin does not support")

@@ -62,7 +62,7 @@ def test_a_document_that_does_not_fit_is_searched_and_the_reply_cites_its_passag
     assert f"searched ({chip.passages} passages)" in composer.attachment_chips()[0].label.text()
 
     prompts = []
-    controller.bridge._submit.connect(lambda rid, messages, params, owner: prompts.append(messages))
+    controller.bridge._submit.connect(lambda rid, messages, params, owner, partial: prompts.append(messages))
     driver.type_and_send("What is the name of the lighthouse keeper?")
     driver.wait_until_idle()
     user, answer = driver.path()

@@ -8,13 +8,14 @@ activation dtype, as the reference implementations do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (INT4_TYPES, QuantizedWeight, RawTensor, int4_kernel_available,
-                                  int4_linear, pack_raw)
+from app.models.quantized import (INT4_TYPES, Int4Plane, QuantizedWeight, RawTensor,
+                                  int4_kernel_available, int4_linear, pack_raw)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -23,6 +24,9 @@ from app.models.quantized import (INT4_TYPES, QuantizedWeight, RawTensor, int4_k
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight, in float32. Gemma's "(1 + w)" is folded into
     `weight` at load time (GGUF files store it folded already), so one formula serves all."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # The same formula as one op (five fewer dispatches a call; 120 calls a decode step).
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * weight).to(x.dtype)
@@ -71,6 +75,20 @@ class RopeSpec:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return cos[:, None].to(dtype), sin[:, None].to(dtype)
 
+    def rotation(self, positions: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [S, T] -> cos, signed sin [S, T, 1, R] for `rotate` on [S, T, heads, D]:
+        the same tables with the sign of the rotation folded into sin (minus on each pair's
+        first member), so rotating is a swap of the pair's members and one multiply-add."""
+        cos, sin = self.tables(positions, dtype)  # [S, 1, T, R]
+        half = self.rotary_dim // 2
+        if self.style == ROPE_HALF:
+            sign = torch.cat((torch.full((half,), -1.0), torch.ones(half)))
+        else:
+            sign = torch.tensor([-1.0, 1.0]).repeat(half)
+        sin = sin * sign.to(sin.device, sin.dtype)
+        return cos.transpose(1, 2), sin.transpose(1, 2)
+
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
     """x [S, H, T, D]; rotates the first R = cos.shape[-1] dims, passes the rest through."""
@@ -83,6 +101,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
         pairs = head.unflatten(-1, (rotary // 2, 2))
         rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
     out = head * cos + rotated * sin
+    return out if tail is None else torch.cat((out, tail), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, style: str) -> torch.Tensor:
+    """`apply_rope` with the tables of `RopeSpec.rotation`: x [..., D], cos/signed_sin
+    broadcasting to x's first R dims. x * cos + swap(x) * signed_sin, where swap exchanges
+    each rotated pair's members ((i, i + R/2) for rotate-half, (2i, 2i + 1) interleaved):
+    three kernels where `apply_rope` takes five (it runs twice a layer, per step)."""
+    rotary = cos.shape[-1]
+    head, tail = (x, None) if rotary == x.shape[-1] else (x[..., :rotary], x[..., rotary:])
+    if style == ROPE_HALF:
+        swapped = head.roll(rotary // 2, dims=-1)
+    else:
+        swapped = head.unflatten(-1, (rotary // 2, 2)).flip(-1).flatten(-2)
+    out = torch.addcmul(head * cos, swapped, signed_sin)
     return out if tail is None else torch.cat((out, tail), dim=-1)
 
 
@@ -179,6 +212,92 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
             return F.linear(x, w.to(x.dtype))
         return F.linear(x.to(w.dtype), w).to(x.dtype)
     return x @ w if transposed else F.linear(x, w)
+
+
+def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weight]] | None:
+    """Weights [out_i, in] with the same input, as one weight whose product is theirs side
+    by side ([..., sum out_i]), and each part again as a view of it (so nothing is held
+    twice); None when their kinds differ (e.g. a GGUF file's Q6_K V next to Q4_K Q and K).
+
+    One product instead of two or three per layer is fewer dispatches and one pass over the
+    activations. Parts that already lie side by side in one storage (a weight cache saved
+    after fusing) are joined as a view, never copied again. 4-bit planes join row-wise: the
+    kernel's packing is per 64-row tile (as `pack_raw` relies on), so every part must have
+    a multiple of 64 rows; their scales are held twice (see below)."""
+    first = weights[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(w, torch.Tensor) and w.dtype == first.dtype and w.dim() == 2
+                   for w in weights):
+            return None
+        joined, parts = _join(list(weights), 1 if transposed else 0)
+        return joined, parts
+    if isinstance(first, DualWeight):
+        if not all(isinstance(w, DualWeight) for w in weights):
+            return None
+        narrow, narrow_parts = _join([w.narrow for w in weights], 0)
+        wide, wide_parts = _join([w.wide for w in weights], 0)
+        return DualWeight(narrow, wide), [DualWeight(n, w) for n, w in zip(narrow_parts, wide_parts)]
+    if isinstance(first, QuantizedWeight):
+        same = all(isinstance(w, QuantizedWeight) and len(w.planes) == len(first.planes)
+                   and w.act_dtype == first.act_dtype and w.in_features == first.in_features
+                   and w.narrow_rows_max == first.narrow_rows_max and w.rows is None
+                   and (w.wide is None) == (first.wide is None) and w.out_features % 64 == 0
+                   for w in weights)
+        if not same or first.rows is not None:
+            return None
+        planes, plane_parts = [], []
+        for i in range(len(first.planes)):
+            packed, packed_parts = _join([w.planes[i].packed for w in weights], 0)
+            # [K/32, N, 2]: the kernel reads a part's scales densely, so each part keeps its
+            # own (they are an eighth of the codes' bytes) and the joined ones are a copy.
+            sz = torch.cat([w.planes[i].scale_zeros for w in weights], 1)
+            planes.append(Int4Plane(packed, sz))
+            plane_parts.append([Int4Plane(p, w.planes[i].scale_zeros)
+                                for p, w in zip(packed_parts, weights)])
+        wide, wide_parts = (None, [None] * len(weights)) if first.wide is None else \
+            _join([w.wide for w in weights], 0)
+        out = sum(w.out_features for w in weights)
+        fused = QuantizedWeight(tuple(planes), out, first.in_features, first.act_dtype, wide=wide,
+                                narrow_rows_max=first.narrow_rows_max)
+        parts = [QuantizedWeight(tuple(plane_parts[i][j] for i in range(len(planes))),
+                                 w.out_features, w.in_features, w.act_dtype, wide=wide_parts[j],
+                                 narrow_rows_max=w.narrow_rows_max)
+                 for j, w in enumerate(weights)]
+        return fused, parts
+    return None
+
+
+def _join(parts: list[torch.Tensor], dim: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """parts side by side along `dim`, and each part as a view of the result."""
+    joined = _adjacent(parts, dim)
+    if joined is None:
+        joined = torch.cat(parts, dim)
+    views, offset = [], 0
+    for p in parts:
+        views.append(joined.narrow(dim, offset, p.shape[dim]))
+        offset += p.shape[dim]
+    return joined, views
+
+
+def _adjacent(parts: list[torch.Tensor], dim: int) -> torch.Tensor | None:
+    """The view covering `parts` when they already lie side by side along `dim` in one
+    storage with the same strides, else None."""
+    first = parts[0]
+    storage = first.untyped_storage()
+    shape = list(first.shape)
+    shape[dim] = sum(p.shape[dim] for p in parts)
+    offset = first.storage_offset()
+    for p in parts:
+        if (p.untyped_storage().data_ptr() != storage.data_ptr() or p.stride() != first.stride()
+                or p.storage_offset() != offset or p.dtype != first.dtype
+                or [n for i, n in enumerate(p.shape) if i != dim]
+                != [n for i, n in enumerate(first.shape) if i != dim]):
+            return None
+        offset += p.shape[dim] * p.stride(dim)
+    end = first.storage_offset() + sum((n - 1) * st for n, st in zip(shape, first.stride())) + 1
+    if end * first.element_size() > storage.nbytes():
+        return None
+    return first.as_strided(shape, first.stride(), first.storage_offset())
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""Q/K/V and gate/up joined into one product each at load (`layers.fuse`): the joined
+product is the parts' products side by side, the parts become views of it, and a weight
+cache's views are joined again without a copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.models.layers import DualWeight, fuse, linear
+from app.models.quantized import int4_kernel_available, pack_int4, quantize_synthetic, QuantizedWeight
+
+ROWS = (128, 64, 64)  # 4-bit parts must be whole 64-row tiles
+IN = 96
+
+
+def _floats(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, IN, generator=g) for n in ROWS]
+
+
+def _same_memory(part: torch.Tensor, whole: torch.Tensor) -> bool:
+    return part.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_joined_float_product_is_the_parts_side_by_side(transposed):
+    ws = [w.t().contiguous() if transposed else w for w in _floats(0)]
+    joined, parts = fuse(ws, transposed)
+    x = torch.randn(3, IN)
+    expected = torch.cat([linear(x, w, transposed) for w in ws], dim=-1)
+    assert torch.allclose(linear(x, joined, transposed), expected, atol=1e-5)
+    for part, w in zip(parts, ws):
+        assert torch.equal(part, w) and _same_memory(part, joined)
+    again, _ = fuse(parts, transposed)  # what a weight cache restores: views side by side
+    assert again.data_ptr() == joined.data_ptr() and torch.equal(again, joined)
+
+
+def test_joined_dual_weight_keeps_both_copies():
+    ws = [DualWeight(w.half(), w.bfloat16()) for w in _floats(1)]
+    joined, parts = fuse(ws, False)
+    assert isinstance(joined, DualWeight) and joined.shape == (sum(ROWS), IN)
+    for rows in (1, 8):  # the narrow copy, then the wide one
+        x = torch.randn(rows, IN)
+        expected = torch.cat([linear(x, w, False) for w in ws], dim=-1)
+        assert torch.equal(linear(x, joined, False), expected)
+    assert all(_same_memory(p.narrow, joined.narrow) for p in parts)
+
+
+@pytest.mark.skipif(not int4_kernel_available(), reason="no 4-bit kernel in this torch")
+def test_joined_4bit_planes_multiply_like_the_parts():
+    ws = [QuantizedWeight(pack_int4(quantize_synthetic(w), torch.bfloat16), w.shape[0], IN,
+                          torch.bfloat16) for w in _floats(2)]
+    joined, parts = fuse(ws, False)
+    x = torch.randn(1, IN)
+    expected = torch.cat([linear(x, w, False) for w in ws], dim=-1)
+    assert torch.equal(linear(x, joined, False), expected)
+    for part, w in zip(parts, ws):
+        assert torch.equal(linear(x, part, False), linear(x, w, False))
+
+
+def test_weights_of_different_kinds_stay_apart():
+    a, b, c = _floats(3)
+    assert fuse([a, b.half(), c], False) is None
+    assert fuse([a, DualWeight(b.half(), b.bfloat16())], False) is None

@@ -1,9 +1,14 @@
 """The chat transcript: one widget per message, fed plain `MessageItem`s.
 
 `update_message()` is called for every streamed batch of tokens. It only stores the latest
-item; a 40 ms timer applies whatever has gathered, so the view repaints on a timer, not per
-call. The view follows the stream while it is scrolled to the bottom, and leaves the position
-alone once the person has scrolled up.
+item; a 16 ms timer (display pace) applies whatever has gathered, so the view repaints on a
+timer, not per call, and a streaming reply re-renders only its unfinished tail
+(app/ui/markdown_render.py). The view follows the stream while it is scrolled to the bottom,
+and leaves the position alone once the person has scrolled up.
+
+The GUI thread's work stays bounded however long a chat is: opening one builds the widgets
+of its newest messages only; older ones are built a slice at a time while the event loop
+runs, as the person scrolls up to them.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 
 import html
 
 from app.ui.citations import cite_number, link_citations
 from app.ui.composer import ComposerEdit
+from app.ui.markdown_render import IncrementalMarkdown
 from app.ui.qt import Qt, QtCore, QtGui, QTimer, QtWidgets, Signal
 from app.ui.resources import danger_color, tint
 from app.ui.view_models import (
@@ -29,8 +36,16 @@ from app.ui.view_models import (
     MessageItem,
 )
 
-FLUSH_INTERVAL_MS = 40
-MAX_FLUSH_INTERVAL_MS = 250  # a very long reply re-renders less often, never less than 4/s
+FLUSH_INTERVAL_MS = 16  # streamed text is shown at display pace (60 Hz), never per token
+MAX_FLUSH_INTERVAL_MS = 250  # should an update grow expensive: never less than 4/s
+# Opening a chat builds SYNC_BUILD message widgets at once, then older ones in slices of
+# BUILD_SLICE_MS, up to OPEN_TAIL and then for as long as the view is not filled; scrolling
+# near the top builds PAGE_BUILD more. Anchoring holds for ANCHOR_MS after a slice.
+SYNC_BUILD = 4
+OPEN_TAIL = 10
+PAGE_BUILD = 8
+BUILD_SLICE_MS = 6
+ANCHOR_MS = 120
 BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
 MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
 
@@ -102,8 +117,10 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         super().__init__(parent)
         self._markdown: str | None = None
         self._heights: dict[int, int] = {}  # width -> height, for the current text
-        self._scratch = QtGui.QTextDocument(self)  # for measuring other widths
-        self._scratch_text: str | None = None  # what _scratch holds
+        # The shown document, and a copy for measuring other widths (made when first asked),
+        # each re-rendering only the tail of a growing text (app/ui/markdown_render.py).
+        self._render = IncrementalMarkdown(self.document(), with_line_breaks, self._style)
+        self._scratch: IncrementalMarkdown | None = None
         self.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -129,11 +146,12 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         if text == self._markdown:
             return
         self._markdown = text
-        self.setMarkdown(with_line_breaks(text))
-        style_code(self.document(), self.palette())
+        self._render.show(text)
         self._heights.clear()
-        self._scratch_text = None
         self.updateGeometry()  # the layout asks heightForWidth() again
+
+    def _style(self, document: QtGui.QTextDocument, start: int) -> None:
+        style_code(document, self.palette(), start)
 
     def markdown(self) -> str:
         return self._markdown or ""
@@ -163,15 +181,18 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
 
     def _scratch_document(self) -> QtGui.QTextDocument:
         """The shown text rendered again, for measuring (clone() drops block formats)."""
-        if self._scratch_text != self._markdown:
-            shown, scratch = self.document(), self._scratch
-            scratch.setDocumentMargin(shown.documentMargin())
+        shown = self.document()
+        if self._scratch is None:
+            self._scratch = IncrementalMarkdown(QtGui.QTextDocument(self), with_line_breaks,
+                                                self._style)
+        scratch = self._scratch.document
+        if scratch.defaultFont() != shown.defaultFont():
             scratch.setDefaultFont(shown.defaultFont())
-            scratch.setDefaultTextOption(shown.defaultTextOption())
-            scratch.setMarkdown(with_line_breaks(self.markdown()))
-            style_code(scratch, self.palette())
-            self._scratch_text = self._markdown
-        return self._scratch
+            self._scratch.reset()
+        scratch.setDocumentMargin(shown.documentMargin())
+        scratch.setDefaultTextOption(shown.defaultTextOption())
+        self._scratch.show(self.markdown())
+        return scratch
 
     def sizeHint(self) -> QtCore.QSize:
         width = max(self.width(), 200)
@@ -186,6 +207,9 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         if event.type() in restyle and self._markdown is not None:
             # The code background comes from the palette; heights depend on the font.
             text, self._markdown = self._markdown, None
+            self._render.reset()
+            if self._scratch is not None:
+                self._scratch.reset()
             self.set_markdown(text)
 
     def wheelEvent(self, event: QtGui.QWheelEvent) -> None:
@@ -200,10 +224,11 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
             QtWidgets.QApplication.sendEvent(area.viewport(), event)
 
 
-def style_code(document: QtGui.QTextDocument, palette: QtGui.QPalette) -> None:
+def style_code(document: QtGui.QTextDocument, palette: QtGui.QPalette, start: int = 0) -> None:
     """Qt renders fenced code as non-wrapping blocks in the fixed font's family. Make
     the font truly monospace everywhere, let long lines wrap (nothing scrolls sideways
-    here) and set each run of code lines in a padded frame with a faint background."""
+    here) and set each run of code lines in a padded frame with a faint background.
+    Only the blocks from position `start` on (what was just rendered) are looked at."""
     mono = QtGui.QFontDatabase.systemFont(QtGui.QFontDatabase.SystemFont.FixedFont)
     code_format = QtGui.QTextCharFormat()
     code_format.setFontFamilies([mono.family(), "monospace"])
@@ -219,8 +244,8 @@ def style_code(document: QtGui.QTextDocument, palette: QtGui.QPalette) -> None:
     frame_format.setBottomMargin(4)
     cursor = QtGui.QTextCursor(document)
     cursor.beginEditBlock()
-    for start, end in reversed(_code_runs(document)):  # from the end: positions stay valid
-        cursor.setPosition(start)
+    for first, end in reversed(_code_runs(document, start)):  # from the end: positions stay valid
+        cursor.setPosition(first)
         cursor.setPosition(end, QtGui.QTextCursor.MoveMode.KeepAnchor)
         block_format = cursor.blockFormat()
         block_format.setNonBreakableLines(False)
@@ -230,10 +255,10 @@ def style_code(document: QtGui.QTextDocument, palette: QtGui.QPalette) -> None:
     cursor.endEditBlock()
 
 
-def _code_runs(document: QtGui.QTextDocument) -> list[tuple[int, int]]:
-    """[start, end) positions of each run of consecutive code blocks."""
+def _code_runs(document: QtGui.QTextDocument, start: int = 0) -> list[tuple[int, int]]:
+    """[start, end) positions of each run of consecutive code blocks from `start` on."""
     runs: list[tuple[int, int]] = []
-    block = document.begin()
+    block = document.findBlock(start) if start else document.begin()
     while block.isValid():
         if block.blockFormat().nonBreakableLines():
             start = block.position()
@@ -332,6 +357,7 @@ class MessageWidget(_TintedFrame):
         layout.addLayout(self._build_header())
         layout.addWidget(self._build_reasoning())
         self.body = MarkdownBrowser()
+        self.body.citationClicked.connect(self.show_passage)
         layout.addWidget(self.body)
         layout.addWidget(self._build_editor())
         self.attachments = QtWidgets.QLabel()
@@ -382,7 +408,7 @@ class MessageWidget(_TintedFrame):
         self.next_button = _tool_button("›", "Next version", "nextVersionButton")
         self.copy_button = _tool_button("Copy", "Copy the message as Markdown", "copyButton")
         self.copy_code_button = _tool_button("Copy code", "Copy the code block", "copyCodeButton")
-        self.copy_code_menu = QtWidgets.QMenu(self)
+        self.copy_code_menu: QtWidgets.QMenu | None = None  # made when a reply has 2+ blocks
         self.regenerate_button = _tool_button("Regenerate", "Write this reply again",
                                               "regenerateButton")
         self.edit_button = _tool_button("Edit", "Edit and send again", "editButton")
@@ -405,10 +431,21 @@ class MessageWidget(_TintedFrame):
                          self.edit_button)
         return header
 
+    # A message is built with only what most messages show (role, text, toolbar): the
+    # thinking, the sources and the editor are made the first time they are needed, as
+    # building every part of every message made opening a long chat slow.
+
     def _build_reasoning(self) -> QtWidgets.QWidget:
+        self.reasoning_box = QtWidgets.QWidget()
+        self.reasoning_box.hide()
+        self.reasoning_toggle = None
+        return self.reasoning_box
+
+    def _fill_reasoning(self) -> None:
         """A reasoning model's thinking: a "Thought for N s" toggle over the (collapsed)
         text."""
-        self.reasoning_box = QtWidgets.QWidget()
+        if self.reasoning_toggle is not None:
+            return
         box = QtWidgets.QVBoxLayout(self.reasoning_box)
         box.setContentsMargins(0, 0, 0, 0)
         box.setSpacing(2)
@@ -424,8 +461,6 @@ class MessageWidget(_TintedFrame):
         self.reasoning_body.hide()
         box.addWidget(self.reasoning_toggle, 0, Qt.AlignmentFlag.AlignLeft)
         box.addWidget(self.reasoning_body)
-        self.reasoning_box.hide()
-        return self.reasoning_box
 
     def _show_reasoning(self, shown: bool) -> None:
         self.reasoning_toggle.setArrowType(Qt.ArrowType.DownArrow if shown
@@ -436,6 +471,13 @@ class MessageWidget(_TintedFrame):
 
     def _build_editor(self) -> QtWidgets.QWidget:
         self.editor_box = QtWidgets.QWidget()
+        self.editor_box.hide()
+        self.editor = None
+        return self.editor_box
+
+    def _fill_editor(self) -> None:
+        if self.editor is not None:
+            return
         box = QtWidgets.QVBoxLayout(self.editor_box)
         box.setContentsMargins(0, 0, 0, 0)
         # Same keys as the message box below: Enter saves and sends, Shift+Enter is a new
@@ -459,14 +501,20 @@ class MessageWidget(_TintedFrame):
         self.save_edit_button.clicked.connect(self._save_edit)
         self.editor.textChanged.connect(
             lambda: self.save_edit_button.setEnabled(bool(self.editor.toPlainText().strip())))
-        self.editor_box.hide()
-        return self.editor_box
 
     def _build_sources(self) -> QtWidgets.QWidget:
         """The passages a reply answered from: "Sources: [1] file, page · [2] …" as links,
         and the box that shows a clicked one's text (a [n] in the reply does the same)."""
-        box = QtWidgets.QWidget()
-        column = QtWidgets.QVBoxLayout(box)
+        self.sources_box = QtWidgets.QWidget()
+        self.sources_box.hide()
+        self.sources_label = None
+        self._shown_passage = 0
+        return self.sources_box
+
+    def _fill_sources(self) -> None:
+        if self.sources_label is not None:
+            return
+        column = QtWidgets.QVBoxLayout(self.sources_box)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(4)
         self.sources_label = _small(QtWidgets.QLabel(), 0.85)
@@ -488,17 +536,14 @@ class MessageWidget(_TintedFrame):
         inner.setContentsMargins(10, 6, 10, 6)
         inner.addWidget(_small(self.passage_label))
         self.passage_box.hide()
-        self._shown_passage = 0
         column.addWidget(self.sources_label)
         column.addWidget(self.passage_box)
-        self.body.citationClicked.connect(self.show_passage)
-        box.hide()
-        self.sources_box = box
-        return box
 
     def show_passage(self, number: int) -> None:
         """Show passage `number`'s place and text under the reply; the same again hides it."""
         passage = next((p for p in self.item.passages if p.number == number), None)
+        if self.sources_label is None:
+            return
         if passage is None or (number == self._shown_passage and not self.passage_box.isHidden()):
             self.passage_box.hide()
             self._shown_passage = 0
@@ -508,7 +553,11 @@ class MessageWidget(_TintedFrame):
         self._shown_passage = number
 
     def _apply_sources(self, item: MessageItem) -> None:
+        if item.passages:
+            self._fill_sources()
         self.sources_box.setVisible(bool(item.passages))
+        if self.sources_label is None:
+            return
         links = " · ".join(f'<a href="cite:{p.number}">[{p.number}]</a> {html.escape(p.where)}'
                            for p in item.passages)
         self.sources_label.setText(f"Sources: {links}" if links else "")
@@ -544,10 +593,14 @@ class MessageWidget(_TintedFrame):
         self.body.set_markdown(link_citations(item.text, [p.number for p in item.passages]))
         self.body.setVisible(bool(item.text) and not self.editing)
         self._apply_sources(item)
-        self.reasoning_box.setVisible(bool(item.reasoning or item.reasoning_label))
-        self.reasoning_toggle.setText(item.reasoning_label)
-        if self.reasoning_toggle.isChecked():  # rendered only while shown: it can be long
-            self.reasoning_body.set_markdown(item.reasoning)
+        thinking = bool(item.reasoning or item.reasoning_label)
+        if thinking:
+            self._fill_reasoning()
+        self.reasoning_box.setVisible(thinking)
+        if self.reasoning_toggle is not None:
+            self.reasoning_toggle.setText(item.reasoning_label)
+            if self.reasoning_toggle.isChecked():  # rendered only while shown: it can be long
+                self.reasoning_body.set_markdown(item.reasoning)
         self.attachments.setText("  ".join(f"▪ {name}" for name in item.attachments))
         self.attachments.setVisible(bool(item.attachments))
         waiting = item.status in (QUEUED, PREFILLING) or (
@@ -592,8 +645,11 @@ class MessageWidget(_TintedFrame):
         self.copy_code_button.setVisible(bool(code) and not self.editing)
 
     def _rebuild_code_menu(self) -> None:
-        self.copy_code_menu.clear()
+        if self.copy_code_menu is not None:
+            self.copy_code_menu.clear()
         if len(self._code) > 1:
+            if self.copy_code_menu is None:
+                self.copy_code_menu = QtWidgets.QMenu(self)
             for index, code in enumerate(self._code):
                 action = self.copy_code_menu.addAction(_code_menu_label(code, index))
                 action.triggered.connect(
@@ -621,6 +677,7 @@ class MessageWidget(_TintedFrame):
     def start_editing(self) -> None:
         if self.item.role != "user" or self.editing:
             return
+        self._fill_editor()
         self.editor.setPlainText(self.item.text)
         self.editor_box.show()
         self.body.hide()
@@ -665,6 +722,23 @@ class MessageView(QtWidgets.QScrollArea):
         self._flush_timer.setSingleShot(True)
         self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
         self._flush_timer.timeout.connect(self.apply_pending)
+        # Long histories: items of every message, widgets for the newest from _built_from on;
+        # older widgets are built in slices up to _wanted_from (lowered as the person scrolls
+        # up), with the distance from the bottom kept while they are added above.
+        self._items: list[MessageItem] = []
+        self._index: dict[int, int] = {}  # message id -> position in _items
+        self._built_from = 0
+        self._wanted_from = 0
+        self._build_timer = QTimer(self)
+        self._build_timer.setSingleShot(True)
+        self._build_timer.setInterval(0)
+        self._build_timer.timeout.connect(self._build_some)
+        self._keep_from_bottom: int | None = None
+        self._anchoring = False  # True while the view itself moves the scroll bar
+        self._anchor_timer = QTimer(self)
+        self._anchor_timer.setSingleShot(True)
+        self._anchor_timer.setInterval(ANCHOR_MS)
+        self._anchor_timer.timeout.connect(self._forget_anchor)
         self._build_page()
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
@@ -706,20 +780,29 @@ class MessageView(QtWidgets.QScrollArea):
 
     # -- feeding -----------------------------------------------------------------------
 
-    def set_messages(self, items: list[MessageItem]) -> None:
-        """Show exactly `items` (a chat was opened); drops updates not yet applied."""
+    def set_messages(self, items: Sequence[MessageItem]) -> None:
+        """Show exactly `items` (a chat was opened); drops updates not yet applied. Only the
+        newest messages get widgets now; older ones are built a few at a time, while the
+        event loop runs, as far as the person scrolls up (app/ui/message_view.py top)."""
         self._flush_timer.stop()
+        self._build_timer.stop()
         self._pending.clear()
         for widget in self._widgets.values():
             self._layout.removeWidget(widget)
             widget.hide()  # gone now, not when the event loop gets to the deferred delete
             widget.deleteLater()
         self._widgets.clear()
-        for item in items:
-            self._append(item)
+        self._items = list(items)
+        self._index = {item.message_id: i for i, item in enumerate(self._items)}
+        self._built_from = len(self._items)
+        self._wanted_from = max(0, len(self._items) - OPEN_TAIL)
+        while self._built_from > max(0, len(self._items) - SYNC_BUILD):
+            self._build_older()
         self._update_placeholder()
         self._follow = True
         self.scroll_to_bottom()
+        if self._built_from > self._wanted_from:
+            self._build_timer.start()
 
     def update_message(self, item: MessageItem) -> None:
         """Show `item` in place of the message with its id (or after the last one). Cheap:
@@ -734,15 +817,21 @@ class MessageView(QtWidgets.QScrollArea):
         pending, self._pending = self._pending, {}
         started = time.perf_counter()
         for item in pending.values():
-            widget = self._widgets.get(item.message_id)
-            if widget is None:
+            index = self._index.get(item.message_id)
+            if index is None:
+                self._index[item.message_id] = len(self._items)
+                self._items.append(item)
                 self._append(item)
-            else:
+                continue
+            self._items[index] = item
+            widget = self._widgets.get(item.message_id)
+            if widget is not None:  # one not built yet is built from its latest item
                 widget.apply(item)
         self._update_placeholder()
-        # Each update re-renders the whole reply: once that grows expensive, wait longer
-        # between renders. The layout pass that follows costs about as much again, so at 6x
-        # the GUI thread spends about a third of its time on the stream.
+        # A streaming reply re-renders only its tail (app/ui/markdown_render.py), so an update
+        # stays cheap; should it grow expensive all the same, wait longer between them. The
+        # layout pass that follows costs about as much again, so at 6x the GUI thread spends
+        # about a third of its time on the stream.
         spent_ms = (time.perf_counter() - started) * 1000
         self._flush_timer.setInterval(
             int(min(MAX_FLUSH_INTERVAL_MS, max(FLUSH_INTERVAL_MS, 6 * spent_ms))))
@@ -756,21 +845,61 @@ class MessageView(QtWidgets.QScrollArea):
         self._update_placeholder()
 
     def message_widget(self, message_id: int) -> MessageWidget | None:
+        """The widget of a message; None for one not shown, or older than what is built."""
         return self._widgets.get(message_id)
 
     def message_ids(self) -> list[int]:
-        return list(self._widgets)
+        """Every message shown, oldest first (built or not yet)."""
+        return [item.message_id for item in self._items]
 
-    def _append(self, item: MessageItem) -> None:
+    def built_count(self) -> int:
+        """How many of the messages have widgets (the newest ones)."""
+        return len(self._widgets)
+
+    def _new_widget(self, item: MessageItem) -> MessageWidget:
         widget = MessageWidget(item)
         widget.copyRequested.connect(self._copy)
         widget.regenerateRequested.connect(self.regenerateRequested)
         widget.editRequested.connect(self.editRequested)
         widget.versionRequested.connect(self.versionRequested)
         widget.continueRequested.connect(self.continueRequested)
+        self._widgets[item.message_id] = widget
+        return widget
+
+    def _append(self, item: MessageItem) -> None:
+        widget = self._new_widget(item)
         self._layout.insertWidget(self._layout.count() - 1, widget)  # before the stretch
         widget.show()  # now, not on the layout's next pass: callers may look at it at once
-        self._widgets[item.message_id] = widget
+
+    def _build_older(self) -> None:
+        """Build the widget of the newest message that has none, above the built ones."""
+        self._built_from -= 1
+        widget = self._new_widget(self._items[self._built_from])
+        self._layout.insertWidget(1, widget)  # after the placeholder
+        widget.show()
+
+    def _build_some(self) -> None:
+        """One slice of building older messages (the timer calls this): at least one, then
+        as many as fit in BUILD_SLICE_MS, so the event loop runs between slices."""
+        if not self._follow:  # keep what the person reads in place as content grows above
+            bar = self.verticalScrollBar()
+            self._keep_from_bottom = bar.maximum() - bar.value()
+            self._anchor_timer.start()
+        started = time.perf_counter()
+        while self._built_from > self._wanted_from:
+            self._build_older()
+            if (time.perf_counter() - started) * 1000 >= BUILD_SLICE_MS:
+                break
+        if self._built_from > self._wanted_from:
+            self._build_timer.start()
+
+    def _want_older(self) -> None:
+        """Near the top of what is built: build a page more of the older messages."""
+        wanted = max(0, self._built_from - PAGE_BUILD)
+        if wanted < self._wanted_from:
+            self._wanted_from = wanted
+            if not self._build_timer.isActive():
+                self._build_timer.start()
 
     def _update_placeholder(self) -> None:
         self.placeholder.setVisible(not self._widgets and bool(self.placeholder.text()))
@@ -789,10 +918,28 @@ class MessageView(QtWidgets.QScrollArea):
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
 
-    def _on_scrolled(self, _value: int) -> None:
+    def _on_scrolled(self, value: int) -> None:
         self._follow = self.is_at_bottom()
+        if not self._anchoring:
+            self._keep_from_bottom = None  # the person scrolled: where they are now counts
+        if value < self._near_top():
+            self._want_older()
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
-        # The content grew (or the view resized): stay at the bottom if we were there.
+        # The content grew (or the view resized): stay at the bottom if we were there; keep
+        # the place read when older messages were built above it.
+        bar = self.verticalScrollBar()
         if self._follow:
-            self.verticalScrollBar().setValue(maximum)
+            bar.setValue(maximum)
+        elif self._keep_from_bottom is not None:
+            self._anchoring = True
+            bar.setValue(maximum - self._keep_from_bottom)
+            self._anchoring = False
+        if bar.value() < self._near_top():
+            self._want_older()  # e.g. the built messages do not fill the view yet
+
+    def _near_top(self) -> int:
+        return self.viewport().height()
+
+    def _forget_anchor(self) -> None:
+        self._keep_from_bottom = None

@@ -184,6 +184,8 @@ def test_streaming_leaves_a_scrolled_up_view_alone(view, qtbot):
     view.set_messages(long_chat())
     bar = view.verticalScrollBar()
     qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    bar.setValue(0)  # the top: every older message is built now
+    qtbot.waitUntil(lambda: view.built_count() == 12)
     bar.setValue(10)
     before = bar.maximum()
     view.update_message(assistant(99, "streamed " * 300, status=STREAMING))
@@ -373,3 +375,52 @@ def test_clicking_a_citation_in_a_reply_shows_its_passage(view, qtbot):
     assert "[1]</a> licence.txt" in widget.sources_label.text()
     qtbot.mouseClick(body.viewport(), Qt.LeftButton, pos=spot)  # the same again hides it
     assert not widget.passage_box.isVisible()
+
+
+# -- long histories --------------------------------------------------------------------------
+
+def test_a_long_chat_builds_its_newest_messages_first_and_older_ones_on_scrolling_up(view, qtbot):
+    chat = long_chat(200)
+    view.set_messages(chat)
+    assert view.message_ids() == list(range(200))  # every message is known at once
+    assert view.message_widget(199) is not None  # the newest are shown at once
+    assert view.built_count() < 200 and view.message_widget(0) is None
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    assert view.built_count() < 200  # opening builds only around the end
+    while view.message_widget(0) is None:  # the person scrolls up, again and again
+        built = view.built_count()
+        bar.setValue(0)
+        qtbot.waitUntil(lambda: view.built_count() > built)
+    assert view.message_widget(0).body.markdown() == chat[0].text
+    assert view.built_count() == 200
+
+
+def test_an_update_to_a_message_not_built_yet_is_shown_once_it_is(view, qtbot):
+    view.set_messages(long_chat(60))
+    assert view.message_widget(1) is None
+    view.update_message(assistant(1, "Changed while out of view", version_index=1,
+                                  version_count=2))
+    view.apply_pending()
+    assert view.message_ids() == list(range(60))  # updated in place, not appended
+    bar = view.verticalScrollBar()
+    while view.message_widget(1) is None:
+        built = view.built_count()
+        bar.setValue(0)
+        qtbot.waitUntil(lambda: view.built_count() > built)
+    assert view.message_widget(1).body.markdown() == "Changed while out of view"
+
+
+def test_building_older_messages_keeps_what_the_person_reads_in_place(view, qtbot):
+    view.set_messages(long_chat(60))
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    qtbot.waitUntil(lambda: not view._build_timer.isActive())
+    oldest = view.message_ids()[60 - view.built_count()]
+    widget = view.message_widget(oldest)
+    bar.setValue(5)  # near the top: older messages are built above
+    on_screen = widget.mapTo(view.viewport(), QtCore.QPoint(0, 0)).y()
+    built = view.built_count()
+    qtbot.waitUntil(lambda: view.built_count() > built)
+    qtbot.waitUntil(lambda: not view._build_timer.isActive())
+    assert widget.mapTo(view.viewport(), QtCore.QPoint(0, 0)).y() == on_screen

@@ -89,15 +89,18 @@ class EventTimer(QtWidgets.QApplication):
     def notify(self, receiver, event) -> bool:  # noqa: N802 (Qt's name)
         if not self.timing:
             return super().notify(receiver, event)
+        kind, event_type = type(receiver).__name__, event.type()
         started = time.perf_counter()
         try:
             return super().notify(receiver, event)
         finally:
             spent = (time.perf_counter() - started) * 1000
             if spent > 8:
-                name = receiver.objectName() or type(receiver).__name__
-                self.slowest.append((spent, f"{type(receiver).__name__}({name}) "
-                                            f"{event.type().name}"))
+                try:
+                    name = receiver.objectName()
+                except RuntimeError:  # the event deleted its receiver
+                    name = "deleted"
+                self.slowest.append((spent, f"{kind}({name}) {event_type.name}"))
 
 
 def wait_until(condition, timeout_s: float = 300.0, poll_ms: int = 20) -> None:
@@ -205,6 +208,7 @@ class Bench:
         idle(0.2)
         self.window.deleteLater()
         self.window = None
+        idle(0.5)  # the old window's widgets are destroyed before anything is measured
 
     def send(self, text: str, max_tokens: int) -> int:
         c = self.controller
@@ -350,7 +354,7 @@ class Bench:
             self.measure("a: one chat streams", self.scenario_a)
         if "b" in only:
             self.measure("b: two streams + 3k-token document", self.scenario_b)
-        long_chat = self.seed_long_chat(200, 6, "A long chat")  # ~4,000 tokens
+        long_chat = self.seed_long_chat(200, 1, "A long chat")  # ~4,000 tokens
         if "c" in only:
             big = self.seed_long_chat(200, 70, "A 200-message chat")
             self.controller.new_chat()
@@ -359,7 +363,7 @@ class Bench:
         if "d" in only:
             store = self.controller.store
             store.add_message(long_chat, "user", "One more question.")  # the newest chat
-            store.add_message(long_chat, "assistant", seed_text(3, 6))
+            store.add_message(long_chat, "assistant", seed_text(3, 1))
             self.close_window()
             built_ms = self.open_window()  # the heartbeat cannot tick while this runs
             self.measure("d: relaunch into a long chat",

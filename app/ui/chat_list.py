@@ -9,6 +9,7 @@ from app.ui.resources import pin_icon
 
 CHAT_ID_ROLE = Qt.ItemDataRole.UserRole
 BADGE_ROLE = Qt.ItemDataRole.UserRole + 1  # str: the chat's activity, "" when idle
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 2  # bool: what the icon shows
 BADGE_GAP_PX = 8
 
 
@@ -95,9 +96,15 @@ class ChatList(QtWidgets.QListWidget):
 
     @staticmethod
     def fill_item(item: QtWidgets.QListWidgetItem, chat, badge: str) -> None:
-        """Show `chat` (a storage Chat) with `badge` in `item`."""
-        item.setText(chat.title)
-        item.setToolTip(chat.title)
-        item.setData(CHAT_ID_ROLE, chat.id)
-        item.setData(BADGE_ROLE, badge)
-        item.setIcon(pin_icon() if chat.pinned else QtGui.QIcon())
+        """Show `chat` (a storage Chat) with `badge` in `item`. Only what changed is set:
+        each change repaints the row, and a streaming chat's row is refreshed often."""
+        if item.text() != chat.title:
+            item.setText(chat.title)
+            item.setToolTip(chat.title)
+        if item.data(CHAT_ID_ROLE) != chat.id:
+            item.setData(CHAT_ID_ROLE, chat.id)
+        if item.data(BADGE_ROLE) != badge:
+            item.setData(BADGE_ROLE, badge)
+        if item.data(PINNED_ROLE) != chat.pinned:
+            item.setData(PINNED_ROLE, chat.pinned)
+            item.setIcon(pin_icon() if chat.pinned else QtGui.QIcon())

@@ -40,12 +40,11 @@ FLUSH_INTERVAL_MS = 16  # streamed text is shown at display pace (60 Hz), never 
 MAX_FLUSH_INTERVAL_MS = 250  # should an update grow expensive: never less than 4/s
 # Opening a chat builds SYNC_BUILD message widgets at once, then older ones in slices of
 # BUILD_SLICE_MS, up to OPEN_TAIL and then for as long as the view is not filled; scrolling
-# near the top builds PAGE_BUILD more. Anchoring holds for ANCHOR_MS after a slice.
+# near the top builds PAGE_BUILD more.
 SYNC_BUILD = 4
 OPEN_TAIL = 10
 PAGE_BUILD = 8
 BUILD_SLICE_MS = 6
-ANCHOR_MS = 120
 BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
 MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
 
@@ -182,17 +181,15 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
     def _scratch_document(self) -> QtGui.QTextDocument:
         """The shown text rendered again, for measuring (clone() drops block formats)."""
         shown = self.document()
-        if self._scratch is None:
-            self._scratch = IncrementalMarkdown(QtGui.QTextDocument(self), with_line_breaks,
-                                                self._style)
-        scratch = self._scratch.document
-        if scratch.defaultFont() != shown.defaultFont():
+        if self._scratch is None or self._scratch.document.defaultFont() != shown.defaultFont():
+            # Set up once: each of these setters lays the whole document out again.
+            scratch = QtGui.QTextDocument(self)
+            scratch.setDocumentMargin(shown.documentMargin())
             scratch.setDefaultFont(shown.defaultFont())
-            self._scratch.reset()
-        scratch.setDocumentMargin(shown.documentMargin())
-        scratch.setDefaultTextOption(shown.defaultTextOption())
+            scratch.setDefaultTextOption(shown.defaultTextOption())
+            self._scratch = IncrementalMarkdown(scratch, with_line_breaks, self._style)
         self._scratch.show(self.markdown())
-        return scratch
+        return self._scratch.document
 
     def sizeHint(self) -> QtCore.QSize:
         width = max(self.width(), 200)
@@ -208,8 +205,7 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
             # The code background comes from the palette; heights depend on the font.
             text, self._markdown = self._markdown, None
             self._render.reset()
-            if self._scratch is not None:
-                self._scratch.reset()
+            self._scratch = None
             self.set_markdown(text)
 
     def wheelEvent(self, event: QtGui.QWheelEvent) -> None:
@@ -733,12 +729,8 @@ class MessageView(QtWidgets.QScrollArea):
         self._build_timer.setSingleShot(True)
         self._build_timer.setInterval(0)
         self._build_timer.timeout.connect(self._build_some)
-        self._keep_from_bottom: int | None = None
+        self._anchor: tuple[MessageWidget, int] | None = None  # widget, its y on screen
         self._anchoring = False  # True while the view itself moves the scroll bar
-        self._anchor_timer = QTimer(self)
-        self._anchor_timer.setSingleShot(True)
-        self._anchor_timer.setInterval(ANCHOR_MS)
-        self._anchor_timer.timeout.connect(self._forget_anchor)
         self._build_page()
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
@@ -792,6 +784,7 @@ class MessageView(QtWidgets.QScrollArea):
             widget.hide()  # gone now, not when the event loop gets to the deferred delete
             widget.deleteLater()
         self._widgets.clear()
+        self._anchor = None
         self._items = list(items)
         self._index = {item.message_id: i for i, item in enumerate(self._items)}
         self._built_from = len(self._items)
@@ -881,10 +874,11 @@ class MessageView(QtWidgets.QScrollArea):
     def _build_some(self) -> None:
         """One slice of building older messages (the timer calls this): at least one, then
         as many as fit in BUILD_SLICE_MS, so the event loop runs between slices."""
-        if not self._follow:  # keep what the person reads in place as content grows above
-            bar = self.verticalScrollBar()
-            self._keep_from_bottom = bar.maximum() - bar.value()
-            self._anchor_timer.start()
+        if not self._follow and self._anchor is None and self._widgets:
+            # Keep what the person reads in place as content grows above it: the oldest
+            # built message stays where it is on screen.
+            widget = self._widgets[self._items[self._built_from].message_id]
+            self._anchor = (widget, widget.mapTo(self.viewport(), QtCore.QPoint(0, 0)).y())
         started = time.perf_counter()
         while self._built_from > self._wanted_from:
             self._build_older()
@@ -921,7 +915,7 @@ class MessageView(QtWidgets.QScrollArea):
     def _on_scrolled(self, value: int) -> None:
         self._follow = self.is_at_bottom()
         if not self._anchoring:
-            self._keep_from_bottom = None  # the person scrolled: where they are now counts
+            self._anchor = None  # the person scrolled: where they are now counts
         if value < self._near_top():
             self._want_older()
 
@@ -931,9 +925,10 @@ class MessageView(QtWidgets.QScrollArea):
         bar = self.verticalScrollBar()
         if self._follow:
             bar.setValue(maximum)
-        elif self._keep_from_bottom is not None:
+        elif self._anchor is not None:
+            widget, on_screen = self._anchor
             self._anchoring = True
-            bar.setValue(maximum - self._keep_from_bottom)
+            bar.setValue(widget.mapTo(self.widget(), QtCore.QPoint(0, 0)).y() - on_screen)
             self._anchoring = False
         if bar.value() < self._near_top():
             self._want_older()  # e.g. the built messages do not fill the view yet
@@ -941,5 +936,3 @@ class MessageView(QtWidgets.QScrollArea):
     def _near_top(self) -> int:
         return self.viewport().height()
 
-    def _forget_anchor(self) -> None:
-        self._keep_from_bottom = None

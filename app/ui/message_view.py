@@ -879,6 +879,7 @@ class MessageView(QtWidgets.QScrollArea):
             # built message stays where it is on screen.
             widget = self._widgets[self._items[self._built_from].message_id]
             self._anchor = (widget, widget.mapTo(self.viewport(), QtCore.QPoint(0, 0)).y())
+            widget.installEventFilter(self)  # its moves (the layout's passes) re-anchor
         started = time.perf_counter()
         while self._built_from > self._wanted_from:
             self._build_older()
@@ -914,7 +915,8 @@ class MessageView(QtWidgets.QScrollArea):
 
     def _on_scrolled(self, value: int) -> None:
         self._follow = self.is_at_bottom()
-        if not self._anchoring:
+        if not self._anchoring and self._anchor is not None:
+            self._anchor[0].removeEventFilter(self)
             self._anchor = None  # the person scrolled: where they are now counts
         if value < self._near_top():
             self._want_older()
@@ -926,12 +928,22 @@ class MessageView(QtWidgets.QScrollArea):
         if self._follow:
             bar.setValue(maximum)
         elif self._anchor is not None:
-            widget, on_screen = self._anchor
-            self._anchoring = True
-            bar.setValue(widget.mapTo(self.widget(), QtCore.QPoint(0, 0)).y() - on_screen)
-            self._anchoring = False
+            self._keep_anchor()
         if bar.value() < self._near_top():
             self._want_older()  # e.g. the built messages do not fill the view yet
+
+    def _keep_anchor(self) -> None:
+        widget, on_screen = self._anchor
+        self._anchoring = True
+        self.verticalScrollBar().setValue(
+            widget.mapTo(self.widget(), QtCore.QPoint(0, 0)).y() - on_screen)
+        self._anchoring = False
+
+    def eventFilter(self, watched: QtCore.QObject, event: QtCore.QEvent) -> bool:
+        if (self._anchor is not None and watched is self._anchor[0] and not self._follow
+                and event.type() == QtCore.QEvent.Type.Move):
+            self._keep_anchor()
+        return super().eventFilter(watched, event)
 
     def _near_top(self) -> int:
         return self.viewport().height()

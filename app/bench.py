@@ -7,7 +7,8 @@ Figures (all on the same loaded model and engine):
   follow_up_ttft_warm_s     conversation, with the cache cleared / with the earlier turns cached
   itl_solo_p50_ms/p95_ms    one stream's inter-token latency, alone
   itl_during_prefill_*      the same stream while another request prefills a 3,000-token document
-  document_*                that document's first token beside the stream, alone, and the ratio
+  document_*                that document's first token beside the stream (which runs until
+                            then: stream_ran_throughout), alone, and the ratio
   streams_4_*               4 streams at once against 1, after short and 1,000-token prompts
                             (decode tokens per second once all are decoding, and the ratio)
   short_during_long_*       a 20-token request sent 1 s into a 12,000-token prefill (or the
@@ -66,11 +67,12 @@ class _Trace:
 
 
 def _drive(engine: Engine, jobs: dict[str, tuple[list[int], SamplingParams]],
-           submit_later: dict[str, tuple[int | float, list[int], SamplingParams]] | None = None
-           ) -> dict[str, _Trace]:
+           submit_later: dict[str, tuple[int | float, list[int], SamplingParams]] | None = None,
+           until=None) -> dict[str, _Trace]:
     """Submit `jobs`, step until all end; `submit_later[id] = (after, ids, params)` injects a
     request mid-run: `after` an int = once the first job has that many tokens, a float = that
-    many seconds after the start. Token times are taken as steps return."""
+    many seconds after the start. `until(traces)` true: abort what still runs. Token times are
+    taken as steps return."""
     traces = {rid: _Trace([]) for rid in jobs}
     start = {}
     for rid, (ids, params) in jobs.items():
@@ -89,6 +91,11 @@ def _drive(engine: Engine, jobs: dict[str, tuple[list[int], SamplingParams]],
                 trace.tokens.append(now)
             elif isinstance(event, Finished):
                 trace.finished = event
+        if until is not None and until(traces):
+            until = None
+            for rid, trace in traces.items():
+                if trace.finished is None:
+                    engine.abort(rid)
         for rid, (after, ids, params) in list(pending.items()):
             due = (time.perf_counter() - began >= after if isinstance(after, float)
                    else len(traces[first_job].tokens) >= after)
@@ -167,9 +174,12 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     engine.clear_cache()
     stream = bos_prefix(tok) + filler_ids(tok, 20, salt=4)
     document = bos_prefix(tok) + filler_ids(tok, 2999, salt=5)
+    # The stream runs until the document's first token (aborted then; 4,000 tokens at most),
+    # so the whole prefill happens beside it.
     traces = _drive(engine,
-                    {"stream": (stream, SamplingParams(max_tokens=stream_tokens, **greedy))},
-                    {"document": (8, document, SamplingParams(max_tokens=1, **greedy))})
+                    {"stream": (stream, SamplingParams(max_tokens=max(stream_tokens, 4_000), **greedy))},
+                    {"document": (8, document, SamplingParams(max_tokens=1, **greedy))},
+                    until=lambda t: "document" in t and bool(t["document"].tokens))
     doc_done = traces["document"].tokens and traces["document"].tokens[0]  # its first token
     stream_times = traces["stream"].tokens
     during = [t for t in stream_times if t <= doc_done] if doc_done else stream_times
@@ -191,6 +201,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     results["document_prefill_alone_s"] = round(alone_s, 2)
     results["document_beside_stream_over_alone"] = round(
         results["document_prefill_while_streaming_s"] / alone_s, 2)
+    # Aborted once the document had its first token, not ended on its own before.
+    results["stream_ran_throughout"] = traces["stream"].finished.finish_reason == "abort"
 
     # 5. four streams at once against one, after a short and a 1,000-token prompt
     for context in (24, 1000):

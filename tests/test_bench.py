@@ -24,6 +24,7 @@ def test_bench_reports_every_figure(embedded_model_path):
     results = run_bench(tiny, decode_tokens=16, stream_tokens=40, long_prompt_tokens=1_500)
     for key in FIGURES:
         assert results[key] is not None and results[key] >= 0, key
+    assert results["stream_ran_throughout"]  # the document's whole prefill was beside the stream
     # The follow-up adopted almost all of the ~1,900-token conversation.
     assert results["follow_up_cached_tokens"] > 0.9 * results["follow_up_prompt_tokens"]
 

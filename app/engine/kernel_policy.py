@@ -14,8 +14,9 @@ Robust against a busy machine (another process's burst must not stick for months
   - a kind other than the safe default (`DEFAULT`: float16, whose matrix-vector kernel is
     fast everywhere and whose many-row products upcast to float32) is chosen only when it
     beats the default by more than the measured noise (and at least `MIN_GAIN`);
-  - a measurement whose timings are erratic (relative spread above `ERRATIC`) is never
-    cached; an interrupted one (the engine got work) is thrown away;
+  - a measurement whose timings are erratic (relative spread above `ERRATIC`) or that runs
+    past `BUDGET_S` keeps the default and is never cached; an interrupted one (the engine
+    got work) is thrown away;
   - a cached choice is checked cheaply on later loads (`validate`: the chosen kind and its
     runner-up re-timed for a few repetitions); it is measured again when they now disagree
     beyond noise or when the entry is older than `MAX_AGE_DAYS`.
@@ -73,6 +74,7 @@ VALIDATE_REPS = 3
 MIN_GAIN = 0.05  # a non-default kind must be at least this much faster than the default
 ERRATIC = 0.25  # relative spread of a leading kind's timings above which nothing is cached
 MAX_AGE_DAYS = 30
+BUDGET_S = 30.0  # a full measurement's limit (about 2-5 s on an idle 2-core machine)
 _FLOAT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rows of the output projection timed (its cost is scaled up to the whole vocabulary): the
 # full product of a 262,144-token vocabulary would take most of the time budget on its own.
@@ -396,16 +398,23 @@ def _store(shapes: ModelShapes, cache_dir: Path, policy: Policy) -> None:
 
 def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
                        busy: Callable[[], bool] | None = None) -> Policy | None:
-    """A full measurement and the choice from it, cached when its timings were steady (an
-    erratic one is returned, marked as such, but not cached); None when interrupted."""
-    m = measure(shapes, busy=busy)
+    """A full measurement and the choice from it, cached when its timings were steady. When
+    they were erratic, or the measurement ran past `BUDGET_S` (a machine this busy times
+    nothing reliably), the default is returned, saying why, and nothing is cached. None when
+    `busy()` interrupted it."""
+    started = time.monotonic()
+    over = lambda: time.monotonic() - started > BUDGET_S  # noqa: E731
+    m = measure(shapes, busy=lambda: (busy is not None and busy()) or over())
     if m is None:
-        return None
+        if busy is not None and busy():
+            return None
+        return default_policy(f"kept: the measurement ran past {BUDGET_S:.0f} s on a busy machine "
+                              "(nothing cached; measured again next load)")
     policy = choose(m, shapes)
     if policy.noise > ERRATIC:
-        policy.reason += " (timings erratic: not cached, measured again next load)"
-    else:
-        _store(shapes, cache_dir, policy)
+        return default_policy(f"kept: timings too erratic to choose (noise {policy.noise:.0%}; "
+                              f"{policy.reason}; nothing cached, measured again next load)")
+    _store(shapes, cache_dir, policy)
     return policy
 
 

@@ -120,7 +120,15 @@ def test_erratic_timings_are_never_cached(tmp_path, monkeypatch):
                  {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}, 0.9)
     monkeypatch.setattr(kp, "measure", lambda *a, **k: erratic)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert "erratic" in policy.reason and policy.decode == "float16"  # nothing beat 90% noise
+    assert "erratic" in policy.reason and policy.label == kp.DEFAULT
+    assert "noise 90%" in policy.reason and "int4_bf16" in policy.reason  # what it saw
+    assert kp.cached_policy(TINY, tmp_path) is None
+
+
+def test_a_measurement_past_its_budget_keeps_the_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(kp, "BUDGET_S", 0.0)
+    policy = kp.measure_and_choose(TINY, tmp_path)
+    assert policy.label == kp.DEFAULT and "busy machine" in policy.reason
     assert kp.cached_policy(TINY, tmp_path) is None
 
 
@@ -217,11 +225,12 @@ def test_forcing_int4_needs_a_gguf_model(tmp_path):
 
 def test_auto_on_the_cpu_measures_once_and_says_why(embedded_model_path, _own_data_dir):
     plan = plan_load(embedded_model_path, torch.device("cpu"), "auto")
-    assert plan.reason.startswith("measured on ") and "(cached)" not in plan.reason
+    assert "(cached)" not in plan.reason
     again = plan_load(embedded_model_path, torch.device("cpu"), "auto")
-    if "erratic" in plan.reason:  # a busy machine: nothing cached, measured again
-        assert "(cached)" not in again.reason
+    if plan.reason.startswith(f"{kp.DEFAULT} (default) kept"):  # a busy machine: nothing cached
+        assert plan.label == kp.DEFAULT and "(cached)" not in again.reason
     else:
+        assert plan.reason.startswith("measured on ")
         assert again.reason.endswith("(cached)") and again.label == plan.label
 
 

@@ -42,11 +42,12 @@ def test_first_load_uses_the_default_then_the_measured_policy(smollm2_model_path
         assert len(_reply(session).completion_ids) == 8  # serves while the tuner waits
         assert session.wait_for_policy(600)
         status = session.policy_status
-        assert "measured on" in status and status.startswith(session.info.policy_label)
+        kept = "(default) kept" in status  # a machine too busy to measure: nothing cached
+        assert ("measured on" in status or kept) and status.startswith(session.info.policy_label)
         assert [h.policy_reason for h in heard] == [session.info.policy_reason]
         assert session.info.dtype == session._loaded.weights_label  # the label is what runs
         shapes = kp.gguf_shapes(smollm2_model_path)
-        assert (kp.cached_policy(shapes, _own_data_dir) is None) == ("erratic" in status)
+        assert (kp.cached_policy(shapes, _own_data_dir) is None) == kept
         assert len(_reply(session).completion_ids) == 8  # and serves after any swap
     finally:
         session.close()

@@ -244,7 +244,10 @@ class BPETokenizer(VocabTokenizer):
         except UnicodeEncodeError:  # lone surrogates (a broken clipboard): as U+FFFD
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         tk = self._special if special else self._plain
-        return tk.encode(text, add_special_tokens=False).ids
+        # encode_batch, not encode: only the batch call lets go of the GIL while it works,
+        # and the text may be a whole conversation read in a worker thread (encode held
+        # the GUI thread up for its whole run, ~6 us a token).
+        return tk.encode_batch([text], add_special_tokens=False)[0].ids
 
     # -- decoding ----------------------------------------------------------------------------
 

@@ -328,7 +328,7 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
     return results
 
 
-def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
+def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: int = 128) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
     one process, so the figures are comparable. `auto` rows say what the measured policy
     chose and why."""
@@ -340,12 +340,14 @@ def run_dtype_comparison(path, device: str, dtypes: list[str]) -> list[dict]:
         engine = Engine(loaded, EngineConfig(kv_tokens=4096))
         greedy = dict(temperature=0, ignore_eos=True)
         ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 32)
-        decode = _drive(engine, {"d": (ids, SamplingParams(max_tokens=128, **greedy))})["d"]
+        decode = (_drive(engine, {"d": (ids, SamplingParams(max_tokens=decode_tokens, **greedy))})["d"]
+                  if decode_tokens else None)
         ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 1023, salt=1)
         prefill = _drive(engine, {"p": (ids, SamplingParams(max_tokens=1, **greedy))})["p"]
         rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),
-                     "decode_tokens_per_s": round(decode.finished.timings.decode_tokens_per_s, 1),
+                     "decode_tokens_per_s": (round(decode.finished.timings.decode_tokens_per_s, 1)
+                                             if decode else None),
                      "prefill_1024_s": round(prefill.finished.timings.prefill_s, 2),
                      "policy": loaded.policy_label, "why": loaded.policy_reason})
         loaded.unload()

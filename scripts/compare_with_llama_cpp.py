@@ -33,7 +33,7 @@ BUILTIN = {"gemma": "gemma-3-270m", "smollm2": "smollm2-135m-instruct"}
 LLAMA_SIDE = r"""
 import json, resource, sys, time
 from llama_cpp import Llama
-path, threads = sys.argv[1], int(sys.argv[4])
+path, threads, n_decode = sys.argv[1], int(sys.argv[4]), int(sys.argv[5])
 decode_ids, prefill_ids = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 start = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512,
@@ -49,8 +49,8 @@ def decode(n):
 def prefill():
     llm.reset(); start = time.perf_counter(); llm.eval(prefill_ids)
     return time.perf_counter() - start
-decode(8); prefill()  # warm up
-print(json.dumps({"decode_tokens_per_s": round(max(decode(128) for _ in range(2)), 1),
+prefill()  # warm up
+print(json.dumps({"decode_tokens_per_s": round(max(decode(n_decode) for _ in range(2)), 1) if n_decode else None,
                   "prefill_1024_s": round(min(prefill() for _ in range(2)), 2),
                   "load_s": round(load_s, 2),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
@@ -63,7 +63,7 @@ import torch
 from app.bench import run_dtype_comparison
 from app.engine.device import configure_cpu_threads
 configure_cpu_threads()
-row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]])[0]
+row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]], decode_tokens=int(sys.argv[4]))[0]
 row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 print(json.dumps(row))
 """
@@ -100,6 +100,10 @@ def run_json(cmd: list[str], env: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _rate(row: dict) -> str:
+    return "     -" if row["decode_tokens_per_s"] is None else f"{row['decode_tokens_per_s']:6.1f}"
+
+
 def llama_usable(python: str | None) -> bool:
     if not python:
         return False
@@ -122,6 +126,8 @@ def main() -> int:
                              "default (the default chat model), or GGUF paths")
     parser.add_argument("--dtypes", default="auto,float16")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--decode-tokens", type=int, default=128,
+                        help="greedy tokens timed for decode; 0: prefill only (a busy machine)")
     args = parser.parse_args()
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -141,25 +147,27 @@ def main() -> int:
         llama = None
         if with_llama:
             llama = run_json([args.llama_python, "-c", LLAMA_SIDE, str(path), json.dumps(decode_ids),
-                              json.dumps(prefill_ids), str(args.threads)], env)
+                              json.dumps(prefill_ids), str(args.threads), str(args.decode_tokens)], env)
             if "error" in llama:
                 print(f"   llama.cpp failed: {llama['error']}")
                 llama = None
             else:
-                print(f"   llama.cpp           decode {llama['decode_tokens_per_s']:6.1f} tok/s   "
+                print(f"   llama.cpp           decode {_rate(llama)} tok/s   "
                       f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   peak {llama['peak_rss_mb']} MB   "
                       f"load {llama['load_s']:.2f} s")
         for dtype in args.dtypes.split(","):
-            row = run_json([sys.executable, "-c", OUR_SIDE, str(path), dtype, str(ROOT)], env)
+            row = run_json([sys.executable, "-c", OUR_SIDE, str(path), dtype, str(ROOT),
+                            str(args.decode_tokens)], env)
             if "error" in row:
                 print(f"   ferrox {dtype:<12} failed: {row['error']}")
                 continue
-            line = (f"   ferrox {dtype:<12} decode {row['decode_tokens_per_s']:6.1f} tok/s   "
+            line = (f"   ferrox {dtype:<12} decode {_rate(row)} tok/s   "
                     f"prefill 1,024 {row['prefill_1024_s']:5.2f} s   peak {row['peak_rss_mb']} MB   "
                     f"load {row['load_s']:.2f} s")
             if llama:
-                line += (f"   decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x"
-                         f"   prefill ratio {llama['prefill_1024_s'] / row['prefill_1024_s']:.2f}x")
+                if row["decode_tokens_per_s"] and llama["decode_tokens_per_s"]:
+                    line += f"   decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x"
+                line += (f"   prefill ratio {llama['prefill_1024_s'] / row['prefill_1024_s']:.2f}x")
             print(line)
             print(f"      weights {row['weights']}; {row['why']}")
     return 0

@@ -36,7 +36,8 @@ from app.ui.model_actions import ModelActions
 from app.ui.remote_models import route
 from app.ui.qt import QObject, Qt, QTimer, QtWidgets
 from app.ui.reasoning_view import split_reply
-from app.ui.replies import SAVE_INTERVAL_MS, ActiveReply
+from app.ui.replies import ActiveReply
+from app.ui.reply_wiring import ReplyWiring
 from app.ui.title_actions import TitleActions
 from app.ui.titles import fallback_title
 from app.ui.trash_actions import TrashActions
@@ -83,13 +84,10 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.dtypes: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
         self._search_timer = QTimer(singleShot=True, interval=200)
         self._undo_timer = QTimer(singleShot=True, interval=8000)
-        # Streaming replies reach the disk on this beat, whenever their text changed.
-        self._save_timer = QTimer(interval=SAVE_INTERVAL_MS)
         # Indexing and searching documents: its own thread (app/ui/retrieval_worker.py).
         self.documents = RetrievalWorker(data_dir, models_dir(data_dir))
         self._init_model_state()
         self._connect()
-        self._save_timer.start()
 
     @property
     def replies(self):
@@ -132,7 +130,6 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         w.export_json_action.triggered.connect(lambda: self._export_chat("json"))
         w.undo_button.clicked.connect(self.undo_delete)
         self._undo_timer.timeout.connect(self._forget_undo)
-        self._save_timer.timeout.connect(self._save_streams)
         w.closing.connect(self.shutdown)
         b.modelLoading.connect(self._on_model_loading)
         b.modelLoaded.connect(self._on_model_loaded)
@@ -142,8 +139,14 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         b.devicesFound.connect(self._on_devices_found)
         b.embeddedReady.connect(self._on_embedded_ready)
         b.embeddedProgress.connect(self._on_embedded_progress)
-        b.event.connect(self._on_engine_event)
-        b.submitFailed.connect(self._on_submit_failed)
+        # Backend events reach the chat service through one small QObject (reply_wiring.py),
+        # which also saves streaming replies on its beat; here they are shown.
+        self.wiring = ReplyWiring(self.chat, b, self)
+        self.wiring.changed.connect(self._on_reply_changed)
+        self.wiring.ended.connect(self._after_end)
+        self.wiring.unclaimed.connect(self._on_unclaimed_event)
+        self.wiring.ticked.connect(self._show_streaming)
+        self.wiring.saveFailed.connect(lambda error: self.window.statusBar().showMessage(error, 8000))
         b.contextOverflow.connect(self._on_context_overflow)
         b.documentRead.connect(self._on_document_read)
         b.tokensCounted.connect(self._on_tokens_counted)
@@ -563,15 +566,11 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
 
     # ---- engine events -----------------------------------------------------------------
 
-    def _on_engine_event(self, event) -> None:
-        reply = self.chat.apply(event)
-        if reply is None:
-            if event.request_id in self._title_jobs:
-                self._on_title_event(event)
-            return
-        if reply.outcome is not None:
-            self._after_end(reply)
-            return
+    def _on_unclaimed_event(self, event) -> None:
+        if event.request_id in self._title_jobs:
+            self._on_title_event(event)
+
+    def _on_reply_changed(self, reply: ActiveReply, event) -> None:
         if isinstance(event, Queued):
             self._refresh_chat_item(reply.chat_id)
         elif isinstance(event, PrefillProgress):
@@ -586,9 +585,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             self._refresh_chat_item(reply.chat_id)  # the list's badge: writing
         self._refresh_message(reply)
 
-    def _save_streams(self) -> None:
-        for error in self.chat.save_streams():
-            self.window.statusBar().showMessage(error, 8000)
+    def _show_streaming(self) -> None:
+        """On the save beat: the live figures of what streams (tok/s, the meter)."""
         for reply in self.replies.all():
             if reply.state == STREAMING and self.model_info:
                 # The conversation holds the prompt and the reply so far.
@@ -625,8 +623,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     def _fail(self, reply: ActiveReply, message: str) -> None:
         """End `reply` with `message` here (not from the backend: an overflow, a search that
         failed); its text so far is kept."""
-        self.chat.fail(reply, message)
-        self._after_end(reply)
+        self.wiring.fail(reply.request_id, message)
 
     def _after_reply(self, reply: ActiveReply) -> None:
         self._refresh_chat_item(reply.chat_id)
@@ -635,11 +632,6 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                 self._item_for(self.store.get_message(reply.message_id)))
             self._update_send_state()
             self._update_context_meter()
-
-    def _on_submit_failed(self, request_id: str, message: str) -> None:
-        reply = self.replies.get(request_id)
-        if reply:
-            self._fail(reply, message)
 
     def _update_context_meter(self) -> None:
         meter = self.window.context_meter
@@ -702,7 +694,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
 
     def shutdown(self) -> None:
         """Save what is streaming, stop the engine, close the store."""
-        self._save_timer.stop()
+        self.wiring.stop()
         self.chat.close()
         self.documents.shutdown()
         self.bridge.shutdown()

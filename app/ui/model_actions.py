@@ -44,6 +44,7 @@ class ModelActions:
         self._remember_model: str | None = None  # picker key to save as the choice once loaded
         self._loaded_key: str | None = None  # picker key of the model that last loaded
         self._local_key: str | None = None  # picker key of the local model last loaded
+        self._remember_chat: tuple[int, str] | None = None  # (chat, picked key) once loaded
         self._starting = False
 
     def engine_settings(self) -> dict:
@@ -249,11 +250,15 @@ class ModelActions:
         if self._remember_model is not None:
             self.store.set_setting("model", self._remember_model)
             self._remember_model = None
+        if self._remember_chat is not None:
+            chat_id, key = self._remember_chat
+            self._remember_chat = None
+            self.remember_chat_model(chat_id, key)
 
     def _on_model_failed(self, message: str) -> None:
         self._end_load_progress()
         retry = self._pending_engine is not None or self._remember_model is not None
-        self._pending_engine = self._remember_model = None
+        self._pending_engine = self._remember_model = self._remember_chat = None
         self.model_info = None
         self.model_error = message
         self.window.model_status.setText("No model loaded")
@@ -274,7 +279,7 @@ class ModelActions:
     def _on_model_kept(self, info, message: str) -> None:
         """The new choice failed before the loaded model was let go: keep using it."""
         self._end_load_progress()
-        self._pending_engine = self._remember_model = None
+        self._pending_engine = self._remember_model = self._remember_chat = None
         self.model_info = info
         self.model_error = ""
         self.chat.set_model(info.name, "local")
@@ -316,8 +321,8 @@ class ModelActions:
             return
         self._remember_model = key
         self.model_override = None
-        if self.current_chat_id is not None:  # this chat is answered by it from now on
-            self.remember_chat_model(self.current_chat_id, key)
+        # This chat is answered by it from now on (remembered once it has loaded).
+        self._remember_chat = (self.current_chat_id, key) if self.current_chat_id else None
         self.load_selected_model()
 
     # -- the picker per chat -------------------------------------------------------------

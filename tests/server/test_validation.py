@@ -298,3 +298,19 @@ def test_engine_tracebacks_stay_in_the_log(caplog):
     assert "RuntimeError: boom" in caplog.text
     assert _one_line("Sampling failed: no token is allowed here") == (
         "Sampling failed: no token is allowed here")
+
+
+def test_continue_final_message_rules(tiny_server):
+    """vLLM's continue_final_message: not with add_generation_prompt, and only onto an
+    assistant message; a valid one carries that message on (a reply, no new turn)."""
+    both = chat_body(continue_final_message=True, add_generation_prompt=True,
+                     messages=user("Hi") + [{"role": "assistant", "content": "Hel"}])
+    assert_error(post(tiny_server, "chat/completions", both), 400, "continue_final_message")
+    not_assistant = chat_body(continue_final_message=True, add_generation_prompt=False)
+    assert_error(post(tiny_server, "chat/completions", not_assistant), 400,
+                 "continue_final_message")
+    carried = chat_body(continue_final_message=True, add_generation_prompt=False,
+                        messages=user("Hi") + [{"role": "assistant", "content": "Hel"}])
+    response = post(tiny_server, "chat/completions", carried)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] >= 1

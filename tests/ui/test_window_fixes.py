@@ -185,7 +185,7 @@ def test_prompt_reading_is_shown_from_the_first_event(driver):
     driver.type_and_send("Hello")
     reply = controller.replies.for_chat(controller.current_chat_id)
     assert reply.progress_text() == "Preparing the prompt…"
-    controller._on_engine_event(Queued(reply.request_id, prompt_tokens=321))
+    controller.wiring.on_event(Queued(reply.request_id, prompt_tokens=321))
     assert reply.progress_text().startswith("Reading the prompt… 0%")
     assert "321" in reply.progress_text()
     driver.wait_until_idle()

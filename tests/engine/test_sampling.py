@@ -67,3 +67,20 @@ def test_logprobs_are_of_the_model_distribution():
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("top_p,min_p", [(0.9, 0.0), (0.8, 0.0), (1.0, 0.05), (0.95, 0.01)])
+def test_top_k_off_draws_what_a_full_sort_draws(top_p, min_p):
+    """With top-k off, top-p/min-p cut a short list of the best candidates instead of sorting
+    the vocabulary; the draws equal those after a sort of all but the one worst token. (A
+    cut thousands of tokens deep, top_p 0.999 on flat scores, lands within float32 rounding
+    of the mass: a few dozen near-zero tokens either way, as any two summation orders do.)"""
+    vocab, g = 49_152, torch.Generator().manual_seed(7)
+    probe = RequestSampler(SamplingParams(temperature=0.8, top_k=0, top_p=top_p, min_p=min_p, seed=3))
+    full = RequestSampler(SamplingParams(temperature=0.8, top_k=vocab - 1, top_p=top_p, min_p=min_p,
+                                         seed=3))
+    for step in range(40):
+        # Peaked like a language model's scores, some steps flatter than others.
+        logits = torch.randn(vocab, generator=g) * (2 + step % 5)
+        logits[-1] = -1e4  # the token the reference's top-k leaves out
+        assert probe.next_token(logits.clone()).id == full.next_token(logits.clone()).id, step

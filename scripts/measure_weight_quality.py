@@ -119,6 +119,8 @@ def main() -> int:
     parser.add_argument("--requantize", default="",
                         help="comma-separated block formats (Q4_0,Q4_1,Q5_0,Q5_1,Q8_0): measure "
                              "--formats on a copy of the model re-quantized to each, too")
+    parser.add_argument("--skip-shipped", action="store_true",
+                        help="with --requantize: only the re-quantized copies")
     args = parser.parse_args()
 
     from app.cli import resolve_model_path
@@ -129,7 +131,8 @@ def main() -> int:
 
         with tempfile.TemporaryDirectory(prefix="ferrox-quality-") as folder:
             measure_file(requantized_copy(path, qtype, Path(folder)), args, label=qtype)
-    measure_file(path, args, label="as shipped")
+    if not args.skip_shipped:
+        measure_file(path, args, label="as shipped")
     return 0
 
 

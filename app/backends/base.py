@@ -11,8 +11,9 @@ backend thread, never the caller's; a listener hands them to its own thread (the
 signal). `submit_chat` never raises for a failure of the run itself: a refused template, an
 unreachable server, a cut stream each become one `Failed` with a sentence a person can read.
 
-Adding a kind of backend: one module with a class that satisfies `ChatBackend`, and one line
-in `app.backends.registry`.
+Adding a kind of backend: one module with a class that satisfies `ChatBackend` (and the
+function that builds it from a saved connection), and one `BackendKind` line in
+`app.backends.registry` (see there what a kind declares).
 """
 
 from __future__ import annotations

@@ -13,3 +13,12 @@ def remote_backend_for(store, connection) -> RemoteBackend:
         connection.base_url, api_key=store.api_key(connection),
         session_header=connection.session_header, context_sizes=dict(connection.context_sizes),
         extended_sampling=connection.extended_sampling, name=connection.name))
+
+
+def build_remote(store, connection, model: str, context_length: int | None) -> RemoteBackend:
+    """The remote kind's builder (app/backends/registry.py): a RemoteBackend on `connection`
+    with `model` chosen, without asking the server (it may be down now; a chat remembers its
+    model, and a wrong name shows on the first reply)."""
+    backend = remote_backend_for(store, connection)
+    backend.use_model(model, context_length)
+    return backend

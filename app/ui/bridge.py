@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.backends.base import BackendError
-from app.backends.from_connection import remote_backend_for
+from app.backends.registry import build_backend
 from app.chat.budget import MIN_REPLY_TOKENS, plan_reply
 from app.documents import DocumentError, count_tokens, extract_text, format_for_prompt
 from app.engine.device import DTYPE_CHOICES, available_devices, resolve_device
@@ -33,18 +33,23 @@ from app.ui.builtin_models import ensure_builtin, refusal_of
 from app.models.errors import ModelError
 from app.models.model_facts import read_model_facts
 from app.storage.errors import StorageError
-from app.ui.remote_models import RemoteModelInfo
+from app.ui.remote_models import DEFAULT_REMOTE_CONTEXT, RemoteModelInfo
 from app.ui.qt import QObject, QThread, Signal, Slot
 
 # Template tokens a message adds around its text (role header, end of turn), for a remote
 # model's conversation count: its template is on the server.
 REMOTE_TOKENS_PER_MESSAGE = 4
 
+# Two kinds of backend serve the window: this process's engine (`self.session`, for the kinds
+# that need a loaded local model) and a backend built from a saved connection by its kind's
+# builder (app/backends/registry.py: remote, or any kind added there). The bridge names no
+# kind: it asks the registry to build one and talks to it through the ChatBackend seam.
+
 
 class EngineBridge(QObject):
     # -> worker (queued)
     _load = Signal(str, str, str, int, int, object)
-    _load_remote = Signal(object, object, str)  # ConnectionStore, Route, context length
+    _load_backend = Signal(object, object, object)  # ConnectionStore, Route, context or None
     _submit = Signal(str, object, object, object, str)
     _count = Signal(str, str)
     _read_document = Signal(str, str)
@@ -75,12 +80,13 @@ class EngineBridge(QObject):
     def __init__(self):
         super().__init__()
         self.session = ModelSession()
-        # The chosen remote model's backend (a RemoteBackend), or None while a local model
-        # serves. Set and cleared in the worker; `abort` reads it from the GUI thread.
-        self.remote = None
-        # Which remote backend runs each remote reply (a chat switched to another model keeps
+        # The chosen connection model's backend (a ChatBackend its kind built), or None while
+        # the local engine serves. Set and cleared in the worker; `abort` reads it from the
+        # GUI thread.
+        self.backend = None
+        # Which such backend runs each of its replies (a chat switched to another model keeps
         # its running reply on the old one); backends no longer chosen close once idle.
-        self._remote_of: dict[str, object] = {}
+        self._backend_of: dict[str, object] = {}
         self._retired: list = []
         # What the loaded local model was loaded with: picking it again (a chat switched back
         # from a remote model) serves it at once instead of loading it again.
@@ -89,7 +95,7 @@ class EngineBridge(QObject):
         self._thread.setObjectName("ferrox-worker")
         self.moveToThread(self._thread)
         self._load.connect(self._do_load)
-        self._load_remote.connect(self._do_load_remote)
+        self._load_backend.connect(self._do_load_backend)
         self._submit.connect(self._do_submit)
         self._count.connect(self._do_count)
         self._read_document.connect(self._do_read_document)
@@ -127,12 +133,15 @@ class EngineBridge(QObject):
         budget of 0, or no `disk_cache`, keeps them in memory only."""
         self._load.emit(path, device, dtype, prefill_chunk, context_size, disk_cache)
 
-    def load_remote(self, connections, route, context_length: int) -> None:
+    def load_backend(self, connections, route, context_length: int | None) -> None:
         """Serve the next replies from `route`'s model on its saved connection (a Route of
-        app.ui.remote_models; `connections` the ConnectionStore). The server is not asked:
-        a chat remembers its model even while the server is down; a wrong name shows on the
-        first reply. Answered by modelLoaded (a RemoteModelInfo) or modelFailed."""
-        self._load_remote.emit(connections, route, str(context_length))
+        app.ui.remote_models, of any kind that does not need a local model; `connections`
+        the ConnectionStore), built by the kind's builder (app/backends/registry.py).
+        `context_length`: the model's context as the person set it or the server reported
+        it, None when nobody said (the window's figures then assume DEFAULT_REMOTE_CONTEXT).
+        A remote server is not asked: a chat remembers its model even while the server is
+        down; a wrong name shows on the first reply. Answered by modelLoaded (a RemoteModelInfo) or modelFailed."""
+        self._load_backend.emit(connections, route, context_length)
 
     def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams,
                cache_owner: str | None = None, partial: str = "") -> None:
@@ -153,9 +162,9 @@ class EngineBridge(QObject):
         self._forget_owner.emit(owner)
 
     def abort(self, request_id: str) -> None:
-        remote = self._remote_of.get(request_id) or self.remote
-        if remote is not None:
-            remote.abort(request_id)  # only sets a flag and wakes the reader
+        backend = self._backend_of.get(request_id) or self.backend
+        if backend is not None:
+            backend.abort(request_id)  # only enqueues (a remote one sets a flag, wakes the reader)
         self.session.abort(request_id)
 
     def count_tokens(self, key: str, text: str) -> None:
@@ -184,9 +193,9 @@ class EngineBridge(QObject):
         Safe to call twice (window close, then application quit)."""
         if not self._thread.isRunning():
             return
-        for remote in [self.remote, *self._retired]:
-            if remote is not None:
-                remote.close()
+        for backend in [self.backend, *self._retired]:
+            if backend is not None:
+                backend.close()
         self.session.close()
         self._thread.quit()
         self._thread.wait(10_000)
@@ -211,11 +220,11 @@ class EngineBridge(QObject):
                  context_size: int, disk_cache) -> None:
         args = (path, device, dtype, prefill_chunk, context_size, disk_cache)
         if self.session.info is not None and args == self._local_args:
-            self._drop_remote()  # still loaded: it serves again, its cache intact
+            self._drop_backend()  # still loaded: it serves again, its cache intact
             self.modelLoaded.emit(self.session.info)
             return
         self.modelLoading.emit(f"Loading {path.rsplit('/', 1)[-1]}…")
-        self._drop_remote()  # a local model serves from now on (or none, if it fails)
+        self._drop_backend()  # a local model serves from now on (or none, if it fails)
         self._local_args = None
         before = self.session.info
         # Read by session.load: the store opens (or stays off) with the model. The folder is
@@ -240,39 +249,42 @@ class EngineBridge(QObject):
         self._local_args = args
         self.modelLoaded.emit(info)
 
-    def _drop_remote(self) -> None:
-        """The chosen remote backend is no longer chosen: it closes once its replies end
+    def _drop_backend(self) -> None:
+        """The chosen connection backend is no longer chosen: it closes once its replies end
         (another chat's stream is never cut by a model switch)."""
-        remote, self.remote = self.remote, None
-        if remote is not None:
-            self._retired.append(remote)
-        for old in [r for r in self._retired if not r.busy()]:
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            self._retired.append(backend)
+        running = list(self._backend_of.values())
+        for old in [b for b in self._retired if not any(b is r for r in running)]:
             self._retired.remove(old)
             old.close()
 
-    @Slot(object, object, str)
-    def _do_load_remote(self, connections, route, context_length: str) -> None:
+    @Slot(object, object, object)
+    def _do_load_backend(self, connections, route, context_length) -> None:
         self.modelLoading.emit(f"Connecting to {route.model}…")
         try:
             connection = connections.get_connection(route.connection_id)
-            backend = remote_backend_for(connections, connection)
+            backend = build_backend(route.kind, connections, connection, route.model, context_length)
         except (StorageError, BackendError, ValueError) as exc:
             self.modelFailed.emit(str(exc))
             return
-        self._drop_remote()
-        model = backend.use_model(route.model, int(context_length))
-        self.remote = backend
-        self.modelLoaded.emit(RemoteModelInfo(route.key, model.name, model.location,
-                                              model.context_length or int(context_length)))
+        self._drop_backend()
+        model = backend.describe()
+        self.backend = backend
+        self.modelLoaded.emit(RemoteModelInfo(
+            route.key, model.name, model.location,
+            model.context_length or context_length or DEFAULT_REMOTE_CONTEXT,
+            architecture=route.kind, dtype=route.kind))
 
     @Slot(str, object, object, object, str)
     def _do_submit(self, request_id: str, messages: tuple, params: SamplingParams,
                    cache_owner, partial: str) -> None:
-        remote = self.remote
-        if remote is not None:  # events arrive on the reply's own thread
-            self._remote_of[request_id] = remote
-            remote.submit_chat(messages, params, self._remote_event, request_id,
-                               session_id=cache_owner, partial=partial)
+        backend = self.backend
+        if backend is not None:  # events arrive on the reply's own thread
+            self._backend_of[request_id] = backend
+            backend.submit_chat(messages, params, self._backend_event, request_id,
+                                session_id=cache_owner, partial=partial)
             return
         try:
             prompt = (self.session.continuation_prompt(messages, partial) if partial
@@ -291,10 +303,11 @@ class EngineBridge(QObject):
             params = replace(params, max_tokens=plan.max_tokens)
         self.session.submit(prompt, params, self.event.emit, request_id, cache_owner)
 
-    def _remote_event(self, event) -> None:
-        """A remote reply's event (on its stream's thread): forget its backend once it ends."""
+    def _backend_event(self, event) -> None:
+        """A connection backend's event (on its reply's thread): forget its backend once the
+        reply ends."""
         if isinstance(event, (Finished, Failed)):
-            self._remote_of.pop(event.request_id, None)
+            self._backend_of.pop(event.request_id, None)
         self.event.emit(event)
 
     @Slot(str)
@@ -313,16 +326,18 @@ class EngineBridge(QObject):
             if identity.folder_name == folder.name:
                 KVDiskStore(root, identity, self.session.kv_budget_bytes or 0).forget_owner(owner)
 
-    def _count_remote_chat(self, messages: tuple) -> int:
-        """A remote model's conversation: each message's text counted by the server (its
-        /tokenize, cached per text, or the estimate), plus its template's few tokens."""
-        remote = self.remote
-        return sum(remote.count_tokens(m.content) + REMOTE_TOKENS_PER_MESSAGE for m in messages)
+    @staticmethod
+    def _count_backend_chat(backend, messages: tuple) -> int:
+        """A connection model's conversation: each message's text counted by the backend (a
+        server's /tokenize, cached per text, or the estimate), plus its template's few
+        tokens (the template is on the server)."""
+        return sum(backend.count_tokens(m.content) + REMOTE_TOKENS_PER_MESSAGE for m in messages)
 
     @Slot(str, str)
     def _do_count(self, key: str, text: str) -> None:
-        if self.remote is not None:
-            self.tokensCounted.emit(key, self.remote.count_tokens(text))
+        backend = self.backend
+        if backend is not None:
+            self.tokensCounted.emit(key, backend.count_tokens(text))
             return
         try:
             self.tokensCounted.emit(key, self.session.count_tokens(text))
@@ -331,8 +346,9 @@ class EngineBridge(QObject):
 
     @Slot(int, object)
     def _do_count_chat(self, chat_id: int, messages: tuple) -> None:
-        if self.remote is not None:
-            self.chatCounted.emit(chat_id, self._count_remote_chat(messages))
+        backend = self.backend
+        if backend is not None:
+            self.chatCounted.emit(chat_id, self._count_backend_chat(backend, messages))
             return
         try:
             self.chatCounted.emit(chat_id, len(self.session.chat_prompt(messages)))
@@ -357,8 +373,9 @@ class EngineBridge(QObject):
         """Tokens of the document as the prompt holds it (-1 without a model), counted in
         bounded chunks (app.documents.count_tokens) so a huge file neither stalls nor
         ignores a cancel."""
-        if self.remote is not None:  # the server's count (cached per text) or the estimate
-            return self.remote.count_tokens(format_for_prompt(document))
+        backend = self.backend
+        if backend is not None:  # the server's count (cached per text) or the estimate
+            return backend.count_tokens(format_for_prompt(document))
         try:
             self.session.count_tokens("")
         except NoModelError:

@@ -662,7 +662,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         """The loaded remote model's connection changed (URL, key, header): the next replies
         use the new settings. A running reply finishes on the old ones first."""
         loaded = route(self._loaded_key)
-        if loaded.kind != "remote" or loaded.connection_id != connection_id:
+        if loaded.connection_id != connection_id:  # None: a local model
             return
         if self.replies:
             self.window.statusBar().showMessage(

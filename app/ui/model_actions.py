@@ -24,7 +24,7 @@ from app.ui.builtin_models import (LEGACY_KEYS, builtin_for_key, builtin_models,
                                    picker_key, picker_label)
 from app.ui.defaults import DISK_CACHE_FOLDER, DISK_CACHE_KEY, EMBEDDED_KEY, ENGINE_DEFAULTS
 from app.ui.qt import Qt, QTimer, QtWidgets
-from app.ui.remote_models import context_for, picker_entries, route
+from app.ui.remote_models import known_context, picker_entries, route
 
 LOAD_TICK_MS = 1000  # the status bar counts the seconds of a load
 
@@ -120,7 +120,7 @@ class ModelActions:
         chosen = route(wanted)
         if builtin is not None:
             wanted = picker_key(builtin)
-        elif chosen.kind == "remote" and picker.findData(wanted) < 0:
+        elif not chosen.needs_local_model and picker.findData(wanted) < 0:
             wanted = picker.itemData(0)  # its connection was removed: back to a local model
         elif wanted in LEGACY_KEYS or wanted.startswith("builtin:"):  # e.g. one no longer shipped
             wanted = picker.itemData(0)
@@ -143,9 +143,9 @@ class ModelActions:
         self._update_send_state()
         self._load_started = time.monotonic()
         chosen = route(key)
-        if chosen.kind == "remote":
+        if not chosen.needs_local_model:  # a connection's model (remote, or another kind)
             self._start_load_progress(f"Connecting to {chosen.model}…")
-            self._load_remote(chosen)
+            self._load_connection_model(chosen)
             return
         builtin = builtin_for_key(key) if key else None
         if builtin is not None:  # legacy keys ("embedded") map to the default built-in
@@ -155,14 +155,14 @@ class ModelActions:
             self._start_load_progress(f"Loading {Path(key).name}…")
             self._load_path(key)
 
-    def _load_remote(self, chosen) -> None:
+    def _load_connection_model(self, chosen) -> None:
         try:
             connection = self.connections.get_connection(chosen.connection_id)
         except StorageError:
             self._on_model_failed(f"The connection of {chosen.model} was removed; pick another model.")
             return
-        self.bridge.load_remote(self.connections, chosen,
-                                context_for(connection, self.store, chosen.model))
+        self.bridge.load_backend(self.connections, chosen,
+                                 known_context(connection, self.store, chosen.model))
 
     def _load_path(self, path: str) -> None:
         settings = self.engine_settings()
@@ -220,10 +220,11 @@ class ModelActions:
         picker = self.window.model_picker
         self._loaded_key = picker.currentData()
         builtin = builtin_for_key(picker.currentData() or "")
-        local = route(picker.currentData()).kind == "local"
+        chosen = route(picker.currentData())
+        local = chosen.needs_local_model
         if local:
             self._local_key = self._loaded_key
-        self.chat.set_model(info.name, "local" if local else "remote")  # saved with replies
+        self.chat.set_model(info.name, chosen.kind)  # saved with replies
         if builtin is None and local:
             picker.setItemText(picker.currentIndex(), info.name)
         self.model_error = ""
@@ -349,7 +350,7 @@ class ModelActions:
         index = picker.findData(wanted)
         if index < 0:
             return
-        reloads_engine = route(wanted).kind == "local" and wanted != self._local_key
+        reloads_engine = route(wanted).needs_local_model and wanted != self._local_key
         if self.replies and reloads_engine and not self._starting:
             self.window.statusBar().showMessage(
                 f"This chat was answered by {picker.itemText(index)}; it loads once the running "

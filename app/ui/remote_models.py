@@ -1,8 +1,9 @@
 """Which backend serves a model picker key, and the picker's remote entries. Qt-free.
 
 The picker holds one key per entry: a local model's path or built-in key, or, for a model
-on a saved connection, `remote:<connection id>:<model name>`. `route(key)` is the one place
-that tells them apart; the controller and the bridge ask it and nothing else.
+on a saved connection, `<kind prefix><connection id>:<model name>` (`remote:3:llama3`); the
+kinds and their key prefixes are declared in app/backends/registry.py. `route(key)` is the
+one place that tells them apart; the controller and the bridge ask it and nothing else.
 
 The model names a connection offers are remembered in the app settings (`remote_models:<id>`,
 a list of [name, context or null]) whenever the server's list is fetched (the Connections
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.backends.registry import parse_picker_key, picker_key
 from app.backends.remote import RemoteBackend, RemoteModel, RemoteSettings
 
-REMOTE_PREFIX = "remote:"
 # The context assumed for a remote model whose server does not say and whose size the person
 # has not set (the meter and document fitting need a figure; the server has the last word).
 DEFAULT_REMOTE_CONTEXT = 8192
@@ -23,25 +24,24 @@ DEFAULT_REMOTE_CONTEXT = 8192
 
 @dataclass(frozen=True)
 class Route:
-    kind: str  # "local" (engine in this process) or "remote" (a saved connection)
+    kind: str  # a kind of app/backends/registry.py: "local", "remote", ...
     key: str
-    connection_id: int | None = None
+    connection_id: int | None = None  # None for the local kind
     model: str = ""
+    needs_local_model: bool = True  # this process's engine serves it (loading a model file)
 
 
 def remote_key(connection_id: int, model: str) -> str:
-    return f"{REMOTE_PREFIX}{connection_id}:{model}"
+    return picker_key("remote", connection_id, model)
 
 
 def route(key: str | None) -> Route:
-    """Which backend serves picker key `key`. Anything not a well-formed remote key is local
-    (paths, built-in keys), so local models are never affected by this module."""
-    key = key or ""
-    if key.startswith(REMOTE_PREFIX):
-        ident, sep, model = key[len(REMOTE_PREFIX):].partition(":")
-        if sep and ident.isdigit() and model:
-            return Route("remote", key, int(ident), model)
-    return Route("local", key)
+    """Which backend serves picker key `key`. Anything not a well-formed key of a connection's
+    kind is local (paths, built-in keys), so local models are never affected by this module."""
+    kind, connection_id, model = parse_picker_key(key)
+    if connection_id is None:
+        return Route(kind.name, key or "", needs_local_model=kind.needs_local_model)
+    return Route(kind.name, key, connection_id, model, kind.needs_local_model)
 
 
 def models_setting(connection_id: int) -> str:
@@ -86,19 +86,22 @@ def picker_entries(connections, settings) -> list[PickerEntry]:
     return entries
 
 
+def known_context(connection, settings, model: str) -> int | None:
+    """The person's size for the model, else the server's, else None (nobody said)."""
+    return (connection.context_sizes.get(model)
+            or dict(known_models(settings, connection.id)).get(model) or None)
+
+
 def context_for(connection, settings, model: str) -> int:
-    """The person's size for the model, else the server's, else DEFAULT_REMOTE_CONTEXT."""
-    mine = connection.context_sizes.get(model)
-    if mine:
-        return mine
-    server = dict(known_models(settings, connection.id)).get(model)
-    return server or DEFAULT_REMOTE_CONTEXT
+    """known_context, else DEFAULT_REMOTE_CONTEXT (for the meter and document fitting)."""
+    return known_context(connection, settings, model) or DEFAULT_REMOTE_CONTEXT
 
 
 @dataclass(frozen=True)
 class RemoteModelInfo:
-    """A chosen remote model, in the shape of the engine's ModelInfo (the fields the window
-    reads), so the controller treats a remote model like a loaded local one."""
+    """A chosen model of a connection's kind (remote, ...), in the shape of the engine's
+    ModelInfo (the fields the window reads), so the controller treats it like a loaded local
+    one. `architecture` and `dtype` hold the kind's name."""
 
     path: str  # the picker key
     name: str

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from app.backends.base import BackendError, ChatBackend
-from app.backends.registry import BACKENDS, backend_class, create_backend
+from app.backends.registry import KINDS, BackendKind, backend_class, create_backend
 from app.backends.remote import RemoteSettings
 from app.engine.events import Failed, Finished, Token
 from app.engine.sampling import SamplingParams
@@ -22,13 +22,13 @@ def test_registry_builds_each_kind_and_names_unknown_ones():
     assert isinstance(remote, ChatBackend) and remote.kind == "remote"
     remote.close()
     assert backend_class("local").kind == "local"
-    assert set(BACKENDS) == {"local", "remote"}
+    assert set(KINDS) == {"local", "remote"}
     with pytest.raises(BackendError, match="Unknown kind of backend 'grpc'; known: local, remote"):
         create_backend("grpc")
 
 
 def test_a_third_kind_is_a_module_and_a_registry_line(monkeypatch):
-    monkeypatch.setitem(BACKENDS, "scripted", "tests.backends.scripted:ScriptedBackend")
+    monkeypatch.setitem(KINDS, "scripted", BackendKind("scripted", "tests.backends.scripted:ScriptedBackend"))
     backend = create_backend("scripted", replies=[["Hi", " there"], "!The script failed."])
     assert isinstance(backend, ChatBackend)
     backend.load("script-model")

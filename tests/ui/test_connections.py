@@ -161,7 +161,7 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         picker.setCurrentIndex(picker.findData(local))
         picker.activated.emit(picker.currentIndex())
         driver.wait_for_model()
-        assert controller.bridge.remote is None
+        assert controller.bridge.backend is None
         assert driver.store.get_chat(local_chat).model == local
         controller.show_chat(remote_chat)
         assert picker.currentData() == remote
@@ -170,7 +170,7 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
         controller.show_chat(local_chat)
         assert picker.currentData() == local
         driver.wait_for_model()
-        assert controller.bridge.remote is None and controller.model_info.dtype != "remote"
+        assert controller.bridge.backend is None and controller.model_info.dtype != "remote"
         controller.show_chat(remote_chat)
         qtbot.waitUntil(lambda: controller.model_info is not None, timeout=TIMEOUT_MS)
         assert controller.model_info.dtype == "remote"
@@ -180,7 +180,7 @@ def test_a_remote_model_answers_in_the_window(driver, qtbot):
     picker.setCurrentIndex(picker.findData(local))
     picker.activated.emit(picker.currentIndex())
     driver.wait_for_model()
-    assert controller.bridge.remote is None and controller.model_info.dtype != "remote"
+    assert controller.bridge.backend is None and controller.model_info.dtype != "remote"
     driver.set_max_tokens(4)
     driver.type_and_send("And locally?")
     driver.wait_until_idle()

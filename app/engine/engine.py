@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from app.chat.budget import plan_reply
 from app.engine.events import (Event, Failed, Finished, PrefillProgress, Queued, Timings, Token,
                                Usage)
 from app.engine.kv_disk import KVDiskStore, KVDiskWriter, chain_keys
@@ -276,11 +277,14 @@ class Engine:
         if any(not 0 <= t < vocab for t in request.tokens):
             return f"The prompt holds a token id outside the vocabulary (0..{vocab - 1})."
         total = len(request.tokens) + request.params.max_tokens
-        if total > self.context_length:
+        # The one context budget (app/chat/budget.py): the engine never lowers max_tokens.
+        plan = plan_reply(self.context_length, len(request.tokens), request.params.max_tokens,
+                          clamp=False)
+        if not plan.fits:
             return (f"The prompt has {len(request.prompt_ids):,} tokens and the reply may take "
                     f"{request.params.max_tokens:,} more, but the model's context holds "
                     f"{self.context_length:,}. Shorten the prompt or lower max tokens by "
-                    f"{total - self.context_length:,}.")
+                    f"{plan.over:,}.")
         if request.pages_needed(self.config.page_size) > self.pages.usable:
             return (f"The prompt and reply need {total:,} tokens of KV memory but the engine "
                     f"was given {self.config.kv_tokens:,}. Lower max tokens or raise the KV "

@@ -1,13 +1,15 @@
 """The context budget: one function decides how many tokens a reply may take.
 
 A model's context holds the prompt and the reply together. Every caller asks `plan_reply`:
-  - the window (through the bridge's worker, for local models): the reply's length limit is
-    lowered to what the context has left (`clamp=True`), and a prompt that leaves fewer than
-    MIN_REPLY_TOKENS is refused before it is sent (the window offers to shorten documents);
+  - the window (through the bridge's worker, for local models and for a connection's model
+    whose context is known, set by the person or reported by the server): the reply's
+    length limit is lowered to what the context has left (`clamp=True`; a remote request's
+    max_tokens), and a prompt that leaves fewer than MIN_REPLY_TOKENS is refused before it
+    is sent (the window offers to shorten documents);
   - the API server: a request's explicit `max_tokens` is never lowered (`clamp=False`: a
     prompt plus reply over the context is a 400, as vLLM answers); without one the reply gets
     what the context leaves, up to the server's default;
-  - the engine's admission check is the same sum (prompt + max_tokens <= context).
+  - the engine's admission check (`Engine._refusal`) asks it with `clamp=False`.
 Document fitting uses `reply_room`: the room kept free for a reply when deciding whether
 documents go whole or are searched.
 

@@ -138,9 +138,11 @@ class EngineBridge(QObject):
         app.ui.remote_models, of any kind that does not need a local model; `connections`
         the ConnectionStore), built by the kind's builder (app/backends/registry.py).
         `context_length`: the model's context as the person set it or the server reported
-        it, None when nobody said (the window's figures then assume DEFAULT_REMOTE_CONTEXT).
+        it, None when nobody said (replies are then not cut to fit here, and the window's
+        figures assume DEFAULT_REMOTE_CONTEXT).
         A remote server is not asked: a chat remembers its model even while the server is
-        down; a wrong name shows on the first reply. Answered by modelLoaded (a RemoteModelInfo) or modelFailed."""
+        down; a wrong name shows on the first reply. Answered by modelLoaded (a
+        RemoteModelInfo) or modelFailed."""
         self._load_backend.emit(connections, route, context_length)
 
     def submit(self, request_id: str, messages: Sequence[Message], params: SamplingParams,
@@ -282,6 +284,9 @@ class EngineBridge(QObject):
                    cache_owner, partial: str) -> None:
         backend = self.backend
         if backend is not None:  # events arrive on the reply's own thread
+            params = self._backend_budget(request_id, backend, messages, params, partial)
+            if params is None:
+                return
             self._backend_of[request_id] = backend
             backend.submit_chat(messages, params, self._backend_event, request_id,
                                 session_id=cache_owner, partial=partial)
@@ -302,6 +307,29 @@ class EngineBridge(QObject):
         if plan.max_tokens != params.max_tokens:
             params = replace(params, max_tokens=plan.max_tokens)
         self.session.submit(prompt, params, self.event.emit, request_id, cache_owner)
+
+    def _backend_budget(self, request_id: str, backend, messages: tuple, params: SamplingParams,
+                        partial: str) -> SamplingParams | None:
+        """The context budget for a connection's model, as for the local one: the reply's
+        max_tokens is cut to the room its context leaves, and a conversation that leaves too
+        little is refused here (contextOverflow, None) instead of by the server's error.
+        The context is the one set for the connection or reported by the server; when
+        nobody said, or the count fails, the request goes as asked (the server decides)."""
+        model = backend.describe()
+        context = model.context_length if model is not None else None
+        if not context:
+            return params
+        try:
+            prompt = self._count_backend_chat(backend, messages)
+            if partial:
+                prompt += backend.count_tokens(partial)
+        except BackendError:
+            return params
+        plan = plan_reply(context, prompt, params.max_tokens, min_reply=MIN_REPLY_TOKENS)
+        if not plan.fits:
+            self.contextOverflow.emit(request_id, prompt, context)
+            return None
+        return params if plan.max_tokens == params.max_tokens else replace(params, max_tokens=plan.max_tokens)
 
     def _backend_event(self, event) -> None:
         """A connection backend's event (on its reply's thread): forget its backend once the

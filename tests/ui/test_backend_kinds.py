@@ -1,22 +1,29 @@
 """The bridge and the picker's routing know no kind of backend by name: a kind registered
 here, in the test, with one registry entry (app/backends/registry.py) and a real
 ChatBackend (tests/backends/scripted.py), serves a chat through the bridge and the chat
-service, with no other module changed."""
+service, with no other module changed. And a connection's model gets the same context
+budget as a local one (app/chat/budget.py), checked against the loopback transcript server."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from app.backends.registry import KINDS, BackendKind, picker_key
 from app.chat.replies import COMPLETE, STOPPED
 from app.chat.service import ChatService
+from app.engine.events import Finished
 from app.engine.sampling import SamplingParams
+from app.models.chat_template import Message
 from app.storage import ChatStore
 from app.storage.connections import ConnectionStore, Keychain
-from app.ui.bridge import EngineBridge
-from app.ui.remote_models import route
+from app.ui.bridge import REMOTE_TOKENS_PER_MESSAGE, EngineBridge
+from app.ui.remote_models import remote_key, route
 from app.ui.reply_wiring import ReplyWiring
+from tests.backends import transcripts as t
 from tests.backends.scripted import ScriptedBackend
+from tests.backends.sse_server import TranscriptServer, json_answer, sse_answer
 from tests.storage.test_connections import MemoryKeyring
 
 TIMEOUT_MS = 30_000  # only ends a hang: scripted replies end in milliseconds
@@ -101,4 +108,54 @@ def test_a_kind_registered_in_the_test_serves_a_chat_through_the_bridge(qtbot, s
             assert counted == [("k", 3)]
         finally:
             wiring.stop()
+            bridge.shutdown()
+
+
+def test_remote_replies_get_the_context_budget_before_they_are_sent(qtbot):
+    """A remote model's reply is cut to the room its context leaves (max_tokens in the
+    request), and a conversation that leaves too little is refused before anything is sent,
+    with the window's own overflow message, not the server's 400. Against the loopback
+    transcript server, which counts every text as 10 tokens (its /tokenize, as vLLM answers)."""
+    chat = (Message("system", "Be brief."), Message("user", "Say hello."))
+    prompt = 2 * (10 + REMOTE_TOKENS_PER_MESSAGE)  # what the bridge counts for `chat`
+    asked = SamplingParams(max_tokens=512, temperature=0.0)
+    with TranscriptServer() as server, ChatStore() as store, \
+            ConnectionStore(store.path, keychain=Keychain(MemoryKeyring())) as connections:
+        server.route("POST", "/tokenize", json_answer(200, {"count": 10}))
+        server.route("POST", "/v1/chat/completions", sse_answer(t.vllm_stream()))
+        saved = connections.add_connection("Loopback vLLM", server.base_url)
+        chosen = route(remote_key(saved.id, "llama-3.3-70b"))
+        bridge = EngineBridge()
+        loaded, ended, overflows = [], [], []
+        bridge.modelLoaded.connect(loaded.append)
+        bridge.event.connect(lambda e: ended.append(e) if isinstance(e, Finished) else None)
+        bridge.contextOverflow.connect(lambda *args: overflows.append(args))
+
+        def use(context):
+            loaded.clear()
+            bridge.load_backend(connections, chosen, context)
+            qtbot.waitUntil(lambda: bool(loaded), timeout=TIMEOUT_MS)
+
+        try:
+            # Room left: 256 - 28 = 228 tokens, so max_tokens 512 goes out as 228.
+            use(256)
+            bridge.submit("r1", chat, asked, cache_owner="7")
+            qtbot.waitUntil(lambda: len(ended) == 1, timeout=TIMEOUT_MS)
+            assert server.posts()[-1].json()["max_tokens"] == 256 - prompt
+            # A request that fits as asked goes as asked.
+            bridge.submit("r2", chat, replace(asked, max_tokens=100), cache_owner="7")
+            qtbot.waitUntil(lambda: len(ended) == 2, timeout=TIMEOUT_MS)
+            assert server.posts()[-1].json()["max_tokens"] == 100
+            # No context known (neither set nor reported): sent as asked, the server decides.
+            use(None)
+            bridge.submit("r3", chat, asked, cache_owner="7")
+            qtbot.waitUntil(lambda: len(ended) == 3, timeout=TIMEOUT_MS)
+            assert server.posts()[-1].json()["max_tokens"] == 512
+            # 40 - 28 = 12 tokens of room, under MIN_REPLY_TOKENS: refused here, nothing sent.
+            use(40)
+            posts = len(server.posts())
+            bridge.submit("r4", chat, asked, cache_owner="7")
+            qtbot.waitUntil(lambda: bool(overflows), timeout=TIMEOUT_MS)
+            assert overflows == [("r4", prompt, 40)] and len(server.posts()) == posts
+        finally:
             bridge.shutdown()

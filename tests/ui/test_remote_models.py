@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from app.backends.remote import RemoteModel
 from app.storage.connections import ConnectionStore, Keychain
-from app.ui.remote_models import (DEFAULT_REMOTE_CONTEXT, context_for, picker_entries,
-                                  remember_models, remote_key, route)
+from app.ui.remote_models import (DEFAULT_REMOTE_CONTEXT, context_for, known_context,
+                                  picker_entries, remember_models, remote_key, route)
 from app.storage import ChatStore
 from tests.storage.test_connections import MemoryKeyring
 
@@ -29,6 +29,8 @@ def test_picker_entries_follow_the_remembered_lists_and_context_sizes():
         assert route(entries[0].key).connection_id == box.id
         box = store.get_connection(box.id)
         assert [context_for(box, settings, m) for m in "abc"] == [32768, 4096, DEFAULT_REMOTE_CONTEXT]
+        # What the bridge budgets replies with: only a size someone said (None for "c").
+        assert [known_context(box, settings, m) for m in "abc"] == [32768, 4096, None]
 
 
 def test_context_sizes_are_typed_as_lines():

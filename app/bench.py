@@ -278,7 +278,7 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
                            where the OS allows (`load_first_cold_file`): the safe default
                            format, prepared from the GGUF blocks and saved
       policy_measurement_s the CPU policy's measurement, which the window runs in the
-                           background afterwards (`policy` says what it chose)
+                           background afterwards (`policy_measured`: what it chose)
       policy_prepare_s     preparing the measured format (the background swap), when it differs
       load_warm_s          the next start: the measured format mapped from the weight cache
       engine_start_s       the engine's warm-up passes after a load (part of "ready")"""
@@ -309,7 +309,7 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
                 started = time.perf_counter()
                 policy = measure_and_choose(plan.shapes, Path(scratch))
                 results["policy_measurement_s"] = round(time.perf_counter() - started, 2)
-                results["policy"] = policy.label
+                results["policy_measured"] = policy.label  # ("policy" is the run's own reason)
                 new = plan_from_policy(policy, torch.device("cpu"), plan.file_bytes, plan.shapes)
                 if (new.dtype, new.wide_dtype, new.int4) != (plan.dtype, plan.wide_dtype, plan.int4):
                     started = time.perf_counter()

@@ -38,5 +38,5 @@ def test_load_times_first_and_warm(embedded_model_path, monkeypatch, _own_data_d
     monkeypatch.setenv("FERROX_WEIGHT_CACHE", "1")  # the warm load maps the saved weights
     results = measure_load_times(embedded_model_path, "cpu", "auto")
     assert results["load_first_s"] > 0 and results["load_warm_s"] > 0
-    assert results["policy_measurement_s"] > 0 and results["weights"] == results["policy"]
+    assert results["policy_measurement_s"] > 0 and results["weights"] == results["policy_measured"]
     assert not (_own_data_dir / "weight-cache").exists()

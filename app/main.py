@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -63,6 +64,11 @@ def create_main_window(argv: list[str] | None = None):
     QtWidgets.QApplication.instance().aboutToQuit.connect(bridge.shutdown)
     window.controller = ChatController(window, store, bridge, folder, model_override=args.model,
                                        device_override=args.device)
+    # What is alive now (the imports, Qt's wrappers, the window) lives as long as the app:
+    # out of the collector's sight, so a full collection set off by the model load's
+    # allocations (on the worker, holding the GIL) no longer walks all of it (~100-150 ms
+    # of GUI-thread stall at relaunch, scripts/bench_gui_stalls.py d).
+    gc.freeze()
     window.controller.start()
     return window
 

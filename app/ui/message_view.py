@@ -38,13 +38,14 @@ from app.ui.view_models import (
 
 FLUSH_INTERVAL_MS = 16  # streamed text is shown at display pace (60 Hz), never per token
 MAX_FLUSH_INTERVAL_MS = 250  # should an update grow expensive: never less than 4/s
-# Opening a chat builds SYNC_BUILD message widgets at once, then older ones in slices of
-# BUILD_SLICE_MS, up to OPEN_TAIL and then for as long as the view is not filled; scrolling
-# near the top builds PAGE_BUILD more.
+# Opening a chat builds SYNC_BUILD message widgets at once, then older ones one per turn of
+# the event loop (a 0 ms timer), up to OPEN_TAIL and then for as long as the view is not
+# filled; scrolling near the top builds PAGE_BUILD more. One per turn: a widget costs a few
+# ms to build and its layout and paint pass as much again, so a turn that built several
+# (the old 6 ms budget) stalled the GUI thread 20-30 ms (scripts/bench_gui_stalls.py c).
 SYNC_BUILD = 4
 OPEN_TAIL = 10
 PAGE_BUILD = 8
-BUILD_SLICE_MS = 6
 BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
 MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
 
@@ -872,19 +873,16 @@ class MessageView(QtWidgets.QScrollArea):
         widget.show()
 
     def _build_some(self) -> None:
-        """One slice of building older messages (the timer calls this): at least one, then
-        as many as fit in BUILD_SLICE_MS, so the event loop runs between slices."""
+        """One slice of building older messages (the timer calls this): one message, so
+        the layout pass, the paint and the person's input run between slices."""
         if not self._follow and self._anchor is None and self._widgets:
             # Keep what the person reads in place as content grows above it: the oldest
             # built message stays where it is on screen.
             widget = self._widgets[self._items[self._built_from].message_id]
             self._anchor = (widget, widget.mapTo(self.viewport(), QtCore.QPoint(0, 0)).y())
             widget.installEventFilter(self)  # its moves (the layout's passes) re-anchor
-        started = time.perf_counter()
-        while self._built_from > self._wanted_from:
+        if self._built_from > self._wanted_from:
             self._build_older()
-            if (time.perf_counter() - started) * 1000 >= BUILD_SLICE_MS:
-                break
         if self._built_from > self._wanted_from:
             self._build_timer.start()
 

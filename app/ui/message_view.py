@@ -839,7 +839,11 @@ class MessageView(QtWidgets.QScrollArea):
         self._update_placeholder()
 
     def message_widget(self, message_id: int) -> MessageWidget | None:
-        """The widget of a message; None for one not shown, or older than what is built."""
+        """The widget of a message; None for one not shown, or older than what is built
+        (one built but not placed yet, see _build_some, counts as not built)."""
+        index = self._index.get(message_id)
+        if index is None or index < self._built_from:
+            return None
         return self._widgets.get(message_id)
 
     def message_ids(self) -> list[int]:
@@ -847,8 +851,9 @@ class MessageView(QtWidgets.QScrollArea):
         return [item.message_id for item in self._items]
 
     def built_count(self) -> int:
-        """How many of the messages have widgets (the newest ones)."""
-        return len(self._widgets)
+        """How many of the messages have widgets in place (the newest ones; one built on
+        this turn of the event loop is placed on the next)."""
+        return len(self._items) - self._built_from
 
     def _new_widget(self, item: MessageItem) -> MessageWidget:
         widget = MessageWidget(item)
@@ -866,22 +871,30 @@ class MessageView(QtWidgets.QScrollArea):
         widget.show()  # now, not on the layout's next pass: callers may look at it at once
 
     def _build_older(self) -> None:
-        """Build the widget of the newest message that has none, above the built ones."""
+        """Build the widget of the newest message that has none (or place the one built
+        already, see _build_some), above the built ones."""
         self._built_from -= 1
-        widget = self._new_widget(self._items[self._built_from])
+        item = self._items[self._built_from]
+        widget = self._widgets.get(item.message_id) or self._new_widget(item)
         self._layout.insertWidget(1, widget)  # after the placeholder
         widget.show()
 
     def _build_some(self) -> None:
-        """One slice of building older messages (the timer calls this): one message, so
-        the layout pass, the paint and the person's input run between slices."""
+        """One slice of building older messages (the timer calls this): half a message.
+        One turn constructs the next older message's widget, the next turn places it (its
+        layout pass and paint follow), so the person's input runs between the halves."""
         if not self._follow and self._anchor is None and self._widgets:
             # Keep what the person reads in place as content grows above it: the oldest
             # built message stays where it is on screen.
             widget = self._widgets[self._items[self._built_from].message_id]
             self._anchor = (widget, widget.mapTo(self.viewport(), QtCore.QPoint(0, 0)).y())
             widget.installEventFilter(self)  # its moves (the layout's passes) re-anchor
-        if self._built_from > self._wanted_from:
+        if self._built_from <= self._wanted_from:
+            return
+        item = self._items[self._built_from - 1]
+        if item.message_id not in self._widgets:
+            self._new_widget(item)  # not in the layout yet; placed on the next turn
+        else:
             self._build_older()
         if self._built_from > self._wanted_from:
             self._build_timer.start()

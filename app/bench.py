@@ -134,6 +134,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
                      "dtype": loaded.weights_label, "policy": loaded.policy_reason,
+                     # measured now, cached and checked now, cached unchecked, ... (kernel_policy)
+                     "policy_status": getattr(loaded.load_plan, "policy_status", ""),
                      "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                      "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
 
@@ -331,7 +333,7 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
 def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: int = 128) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
     one process, so the figures are comparable. `auto` rows say what the measured policy
-    chose and why."""
+    chose and why, and whether the choice was measured or checked now (`policy_status`)."""
     from app.engine.device import load_on
 
     rows = []
@@ -349,7 +351,8 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
                      "decode_tokens_per_s": (round(decode.finished.timings.decode_tokens_per_s, 1)
                                              if decode else None),
                      "prefill_1024_s": round(prefill.finished.timings.prefill_s, 2),
-                     "policy": loaded.policy_label, "why": loaded.policy_reason})
+                     "policy": loaded.policy_label, "why": loaded.policy_reason,
+                     "policy_status": loaded.load_plan.policy_status})
         loaded.unload()
         del engine, loaded
     return rows

@@ -13,7 +13,9 @@ after the same prompt (BOS where the model wants it, then 32 tokens of prose) an
 same 1,023-1,024 tokens (likewise: the ids `bench` uses), with the same thread count, one
 after the other; every configuration runs in its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
 faster. The CPU capability torch reports is printed first: the figures only mean something
-with it. Without --llama-python (or if it cannot import llama_cpp) only our side runs.
+with it. An `auto` row says what the measured CPU policy chose, why, and whether that choice
+was measured or its cached entry checked in this run ("policy measured now", "policy cached,
+checked now", ...). Without --llama-python (or if it cannot import llama_cpp) only our side runs.
 """
 
 from __future__ import annotations
@@ -169,7 +171,8 @@ def main() -> int:
                     line += f"   decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x"
                 line += (f"   prefill ratio {llama['prefill_1024_s'] / row['prefill_1024_s']:.2f}x")
             print(line)
-            print(f"      weights {row['weights']}; {row['why']}")
+            status = f"policy {row['policy_status']}; " if row.get("policy_status") else ""
+            print(f"      weights {row['weights']}; {status}{row['why']}")
     return 0
 
 

@@ -5,9 +5,10 @@
   - MPS: float16 (bfloat16 needs macOS 14+, float16 runs everywhere Metal does);
   - CPU: measured, not assumed (`app.engine.kernel_policy`): for a GGUF model the candidate
     kernels (float32, bfloat16, float16, the 4-bit weight-only kernel) are timed on the
-    model's shapes for decode and for prefill (before loading on the command line; in the
-    background after a float16 load in the app, see `ModelSession`), the result cached per
-    CPU, torch and model, and of each the fastest beyond noise kept: GGUF blocks that fit the 4-bit kernel
+    model's products for decode and for prefill (before loading on the command line, which
+    checks a cached entry first; in the background after a load in the app, see
+    `ModelSession`), the result cached per CPU, torch and model, and of each the fastest
+    beyond noise kept: GGUF blocks that fit the 4-bit kernel
     stay quantized (`QuantizedWeight`), the rest follow the fastest float kinds, with a
     second float copy for prefill when that is faster and the model is small. CPUs differ
     too much for a fixed rule: bfloat16 matrix products are the fastest kernel with
@@ -125,19 +126,25 @@ class LoadPlan:
     reason: str
     shapes: object | None = None  # kernel_policy.ModelShapes
     file_bytes: int = 0
+    # How the CPU policy's choice was arrived at (kernel_policy.MEASURED, CHECKED, UNCHECKED,
+    # ...); "" when no measured policy applies (a dtype chosen by hand, another device).
+    policy_status: str = ""
 
 
 def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None) -> LoadPlan:
     """The load plan a kernel policy (`kernel_policy.Policy`) gives."""
     fmt, wide = policy.weight_format(device, file_bytes)
     reason = policy.reason + (" (cached)" if policy.cached and "(cached" not in policy.reason else "")
-    return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason, shapes, file_bytes)
+    return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason, shapes, file_bytes,
+                    policy.status)
 
 
 def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> LoadPlan:
-    """The weight format for a dtype name on `device`. `auto` on the CPU uses the cached
-    policy; without one it measures first (`measure`), or takes the safe default, leaving
-    the measurement to the caller's background tuner (`ModelSession`)."""
+    """The weight format for a dtype name on `device`. `auto` on the CPU with `measure` (the
+    command line) uses `kernel_policy.policy_for`: the cached policy once checked, or a fresh
+    measurement. Without `measure` (the window) it loads the cached policy unchecked, or the
+    safe default, leaving the check or the measurement to the caller's background tuner
+    (`ModelSession`); `LoadPlan.policy_status` says which."""
     from app.engine.kernel_policy import cached_policy, default_policy, policy_for, shapes_for
     from app.models.model_facts import model_size_bytes
     from app.paths import data_dir
@@ -159,10 +166,11 @@ def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> L
         why = "chosen by hand" if dtype != "auto" else f"the default for {device.type}"
         return LoadPlan(weight_dtype, wide, None, label, f"{label}: {why}")
     configure_cpu_threads()  # the measurement must run on the threads the model will use
-    policy = cached_policy(shapes, data_dir())
-    if policy is None:
-        policy = (policy_for(shapes, data_dir()) if measure
-                  else default_policy("until this CPU is measured (in the background)"))
+    if measure:
+        policy = policy_for(shapes, data_dir())
+    else:
+        policy = (cached_policy(shapes, data_dir())
+                  or default_policy("until this CPU is measured (in the background)"))
     return plan_from_policy(policy, device, file_bytes, shapes)
 
 

@@ -3,28 +3,51 @@
 CPUs differ more than any fixed rule can follow: on one with AVX-512-BF16/AMX a bfloat16
 matrix product is the fastest prefill kernel torch has, on an AVX2-only one it is the
 slowest (measured 14.7 s against float16's 3.2 s for a 1,024-token prefill). So the engine
-times its candidate kernels on the model's own linear shapes, one row (decode) and
+times its candidate kernels on the model's own linear products, one row (decode) and
 `PREFILL_ROWS` rows (prefill), through the same `linear()` the model runs, and picks per
 product the fastest candidate that meets the quality bar. Decisions depend on those timings
 alone, never on the CPU's name or on the kernels torch lists.
 
+What is timed is what the engine runs (`ModelShapes`): Q, K, V joined into one product and
+gate, up into another, as `finish_loading` joins them; for the 4-bit kinds each weight with
+its own planes (Q5/Q8 blocks: two, Q4: one) and the weights that stay float (Q6_K) charged at
+the fastest float kind's time, as a 4-bit load stores them. A decode step reads every weight
+from memory once; so a decode pass cycles through distinct copies of the weights, at least
+twice the last-level cache in all (never more than the model has), instead of timing one
+cache-resident weight and multiplying (that favoured wide floats: Gemma 3 270M measured
+float16 24.5 ms against int4 36.1 ms a step, where the engine decodes faster with int4).
+
 Robust against a busy machine (another process's burst must not stick for months):
   - candidates are timed interleaved (every repetition times every kind once, in rotated
-    order), and each kind's figure is its median over the repetitions;
+    order), and each kind's figure is its median over the repetitions; a kind more than
+    `SLOW_CUT` times slower than the fastest in the first repetition is not timed again (it
+    cannot win; the 4-bit kernel with float32 activations takes seconds a step on some CPUs);
   - a kind other than the safe default (`DEFAULT`: float16, whose matrix-vector kernel is
     fast everywhere and whose many-row products upcast to float32) is chosen only when it
     beats the default by more than the measured noise (and at least `MIN_GAIN`);
-  - a measurement whose timings are erratic (relative spread above `ERRATIC`) or that runs
-    past `BUDGET_S` keeps the default and is never cached; an interrupted one (the engine
-    got work) is thrown away;
-  - a cached choice is checked cheaply on later loads (`validate`: the chosen kind and its
-    runner-up re-timed for a few repetitions); it is measured again when they now disagree
-    beyond noise or when the entry is older than `MAX_AGE_DAYS`.
+  - a measurement whose timings are erratic (relative spread above `ERRATIC`), whose threads
+    stalled (below), or that runs past `BUDGET_S` keeps the default and is never cached; an
+    interrupted one (the engine got work) is thrown away;
+  - the stall rule: before every kind's timing an empty parallel region is timed (`_probe_ms`:
+    a few microseconds when torch's threads have their cores). When another program holds a
+    core the pool's threads need, waking them takes milliseconds, and every multi-threaded
+    kernel is charged that wait while the single-threaded ones (float32's small matrix-vector
+    product) are not: a cached entry measured so had float32 38 ms a step against 2,500 ms
+    for every other kind, with a spread of only 22%. When more than `STALLED_MAX` of the
+    probes took over `STALL_MS`, the figures are the scheduler's, not the kernels';
+  - a cached choice is checked on later loads (`check`): every allowed decode kind is
+    re-timed (decode products are cheap), and for prefill the choice, its runner-up and the
+    default, for `VALIDATE_REPS` repetitions. The entry is measured again when a kind now
+    beats the choice beyond noise, when the choice's own time drifted more than `DRIFT`
+    times either way from its cached figure, or when it is older than `MAX_AGE_DAYS`; when
+    that re-measurement is unusable (erratic, stalled, past its budget) the cached choice is
+    kept, saying so, rather than dropping to the default.
 The session measures in the background once a usable model is loaded (`tune`), so loading
-never waits for it; the command line (`load_on(measure=True)`) measures before loading.
-Results are cached per CPU (model name and torch's capability), torch version, thread
-count and model shapes in `kernel_policy.json` in the data folder. A damaged cache file is
-ignored and rewritten.
+never waits for it; the command line (`load_on(measure=True)`, `policy_for`) measures, or
+checks the cached entry, before loading. Results are cached per measurement (`MEASURE_VERSION`,
+`PREFILL_ROWS`, the candidate kinds), CPU (model name and torch's capability), torch version,
+thread count and model products in `kernel_policy.json` in the data folder; entries of another
+measurement are ignored and pruned. A damaged cache file is ignored and rewritten.
 
 Candidates (`KINDS`): float32, bfloat16, float16, and the 4-bit weight-only kernel with
 bfloat16 or float32 activations (`app.models.quantized`). Every one meets the quality bar
@@ -35,26 +58,29 @@ ever fails it belongs in `FAILS_QUALITY` and is never chosen.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 
 import torch
 
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, QuantizedWeight, int4_kernel_available, pack_int4,
-                                  quantize_synthetic)
+from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, Int4Form, Int4Plane, QuantizedWeight,
+                                  int4_kernel_available, pack_int4, quantize_synthetic)
 
 CACHE_FILE = "kernel_policy.json"
-# 2: interleaved medians with a noise figure and a date (entries of 1 could hold a
-# measurement taken under load: measured again).
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
+# What a measurement times. Bumped whenever that changes, so older entries are measured again:
+# 3: products as the engine runs them (joined QKV and gate/up, 4-bit planes per weight, float
+# leftovers of a 4-bit load), weights streamed past the last-level cache, the stall probe.
+MEASURE_VERSION = 3
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
@@ -73,31 +99,67 @@ REPS = 5  # interleaved repetitions of a full measurement
 VALIDATE_REPS = 3
 MIN_GAIN = 0.05  # a non-default kind must be at least this much faster than the default
 ERRATIC = 0.25  # relative spread of a leading kind's timings above which nothing is cached
+DRIFT = 1.6  # the choice's re-timed figure against its cached one, either way: measure again
+SLOW_CUT = 3.0  # a kind this many times slower than the fastest in the first repetition stops
+STALL_MS = 1.0  # an empty parallel region slower than this: the threads waited for a core
+STALLED_MAX = 0.2  # more than this share of stalled probes: the measurement is not used
 MAX_AGE_DAYS = 30
 BUDGET_S = 30.0  # a full measurement's limit (about 2-5 s on an idle 2-core machine)
 _FLOAT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rows of the output projection timed (its cost is scaled up to the whole vocabulary): the
 # full product of a 262,144-token vocabulary would take most of the time budget on its own.
 _HEAD_ROWS_TIMED = 8_192
+# A decode pass stops cycling through weight copies after this long (a slow kind's products
+# are bound by arithmetic, not by memory: more copies would only cost time).
+_PASS_CAP_S = 0.1
+# At most this many bytes of weight copies per kind, whatever the cache size says.
+_STREAM_MAX_BYTES = 256 * 2**20
 # Two copies of the weights (decode and prefill kinds differ) only for model files up to
 # this size (a Q4 file of 800 MB is ~1.4B parameters).
 TWO_COPIES_MAX_FILE_BYTES = 800 * 2**20
+HEAD = "head"  # the output projection's key among a pass's timings
 
 
 @dataclass(frozen=True)
 class ModelShapes:
-    """The linear products of one decoding step: (out, in) -> how many per token."""
+    """The linear products of one decoding step, as the engine runs them.
+
+    `layers`: (out, in) -> products per step when every weight is a float (Q, K, V joined,
+    gate and up joined). `int4_layers`: (out, in, planes) -> products per step when weights
+    whose blocks fit the 4-bit kernel stay quantized: planes 1 (Q4 blocks) or 2 (Q5/Q8),
+    0 for a weight that stays a float (Q6_K, float tensors); joined only where `layers.fuse`
+    joins them (same planes, parts of 64-row multiples). `head`: the output projection
+    (out, in), with `head_planes` as a 4-bit weight (0: it stays a float)."""
 
     name: str
     layers: dict[tuple[int, int], int]
     head: tuple[int, int]
-    int4_fraction: float  # of the linear weights' elements whose blocks fit the 4-bit kernel
-    int4_planes: float = 1.0  # mean 4-bit planes per fitting weight (Q5/Q8 blocks need two)
+    int4_layers: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    head_planes: int = 0
+
+    @property
+    def int4_fraction(self) -> float:
+        """Of the weight elements a decode step multiplies by, the share that stays 4-bit."""
+        n, k = self.head
+        fit, total = (n * k if self.head_planes else 0), n * k
+        for (rows, cols, planes), count in self.int4_layers.items():
+            total += rows * cols * count
+            fit += rows * cols * count if planes else 0
+        return fit / total
 
     def key(self) -> str:
-        shapes = ",".join(f"{n}x{k}*{c}" for (n, k), c in sorted(self.layers.items()))
-        return (f"{self.name}|{shapes}|head {self.head[0]}x{self.head[1]}"
-                f"|int4 {self.int4_fraction:.3f}x{self.int4_planes:.2f}")
+        floats = ",".join(f"{n}x{k}*{c}" for (n, k), c in sorted(self.layers.items()))
+        int4 = ",".join(f"{n}x{k}/{p}*{c}" for (n, k, p), c in sorted(self.int4_layers.items()))
+        return f"{self.name}|{floats}|int4 {int4}|head {self.head[0]}x{self.head[1]}/{self.head_planes}"
+
+
+# How a policy was arrived at, for the status bar, `bench` and the comparison script.
+MEASURED = "measured now"
+CHECKED = "cached, checked now"
+CHECK_UNCLEAR = "cached, check inconclusive"
+KEPT = "cached, kept (its re-measurement was unusable)"
+UNCHECKED = "cached, not checked"
+NOT_MEASURED = "default, not measured"
 
 
 @dataclass
@@ -113,6 +175,7 @@ class Policy:
     cached: bool = False
     noise: float = 0.0  # the largest relative spread of the leading kinds' timings
     measured_at: float = 0.0  # time.time() of the full measurement
+    status: str = ""  # MEASURED, CHECKED, ...: not stored
 
     def weight_format(self, device: torch.device, file_bytes: int) -> tuple[WeightFormat, torch.dtype | None]:
         """The format to load with, and the wide (prefill) float dtype when two copies are kept.
@@ -138,7 +201,8 @@ class Policy:
 
 def default_policy(why: str) -> Policy:
     """The safe format used until this machine is measured."""
-    return Policy(DEFAULT, DEFAULT, DEFAULT, f"{DEFAULT} (default) {why}", {}, {})
+    return Policy(DEFAULT, DEFAULT, DEFAULT, f"{DEFAULT} (default) {why}", {}, {},
+                  status=NOT_MEASURED)
 
 
 def _best(times: dict[str, float], among) -> str:
@@ -164,8 +228,29 @@ def cpu_identity() -> str:
     return f"{model} | {torch.backends.cpu.get_cpu_capability()} | {torch.get_num_threads()} threads"
 
 
+def measurement_id() -> str:
+    """Everything about the measurement itself that changes its figures: its version, the
+    prefill rows and the candidate kinds. Part of every cache key, so changing any of them
+    measures again."""
+    return (f"v{CACHE_VERSION} m{MEASURE_VERSION} | {PREFILL_ROWS} rows | "
+            f"{'/'.join(KINDS)} | prefill {'/'.join(PREFILL_KINDS)}")
+
+
 def cache_key(shapes: ModelShapes) -> str:
-    return f"v{CACHE_VERSION} | {cpu_identity()} | torch {torch.__version__} | {shapes.key()}"
+    return f"{measurement_id()} | {cpu_identity()} | torch {torch.__version__} | {shapes.key()}"
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size (Linux sysfs), or 32 MiB when it cannot be read."""
+    best = 0
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return best or 32 * 2**20
 
 
 # ---- the cache -----------------------------------------------------------------------------
@@ -188,7 +273,7 @@ def _read_section(path: Path, section: str) -> dict:
 
 def _policy_from(entry) -> Policy | None:
     try:
-        policy = Policy(**{**entry, "cached": True})
+        policy = Policy(**{**entry, "cached": True, "status": UNCHECKED})
     except TypeError:
         return None
     numbers = [*policy.decode_ms.values(), *policy.prefill_ms.values(), policy.noise,
@@ -210,46 +295,159 @@ def write_cache(path: Path, entries: dict | None = None, files: dict | None = No
     os.replace(tmp, path)
 
 
-# ---- measuring -----------------------------------------------------------------------------
+# ---- what a kind runs ----------------------------------------------------------------------
+
+Key = tuple[int, int, int] | str  # (out, in, planes) of a product, or HEAD
 
 
-def _weight(kind: str, n: int, k: int, gen: torch.Generator):
+@dataclass(frozen=True)
+class _Counts:
+    """Per-step counts of one kind: `own` products timed in this kind (with HEAD scaled to the
+    whole vocabulary), `borrowed` float products of a 4-bit load, charged at the fastest float
+    kind's times, `extra` float products timed only so the 4-bit kinds can borrow them."""
+
+    own: dict
+    borrowed: dict
+    extra: dict
+
+
+def _counts(shapes: ModelShapes, kind: str) -> _Counts:
+    head_n, head_k = shapes.head
+    head_scale = head_n / min(head_n, _HEAD_ROWS_TIMED)
+    if kind in _FLOAT:
+        own = {(n, k, 0): c for (n, k), c in shapes.layers.items()}
+        extra = {(n, k, 0): c for (n, k, p), c in shapes.int4_layers.items()
+                 if p == 0 and (n, k, 0) not in own}
+        return _Counts({**own, HEAD: head_scale}, {}, extra)
+    own = {key: c for key, c in shapes.int4_layers.items() if key[2]}
+    borrowed = {key: c for key, c in shapes.int4_layers.items() if not key[2]}
+    if shapes.head_planes:
+        own[HEAD] = head_scale
+    else:
+        borrowed[HEAD] = head_scale
+    return _Counts(own, borrowed, {})
+
+
+def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
+    """A random [n, k] weight as `kind` stores it (`planes` 4-bit planes for the 4-bit kinds),
+    and whether it is stored transposed."""
     w = torch.randn(n, k, generator=gen) * 0.05
     if kind.startswith("int4"):
         act = torch.bfloat16 if kind == "int4_bf16" else torch.float32
-        return QuantizedWeight(pack_int4(quantize_synthetic(w), act), n, k, act), False
+        form = quantize_synthetic(w)
+        if planes == 2:  # Q5/Q8 blocks: a second plane of high bits
+            form = Int4Form(form.lo, torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8),
+                            form.s, form.b)
+        return QuantizedWeight(pack_int4(form, act), n, k, act), False
     dtype = _FLOAT[kind]
-    return WeightFormat(dtype, weights_transposed(torch.device("cpu"), dtype)).prepare(w), \
-        weights_transposed(torch.device("cpu"), dtype)
+    transposed = weights_transposed(torch.device("cpu"), dtype)
+    return WeightFormat(dtype, transposed).prepare(w), transposed
 
 
-Products = list[tuple[Callable[[], object], float]]  # (one product, how many per pass)
+def _nbytes(w) -> int:
+    if isinstance(w, QuantizedWeight):
+        return sum(p.packed.nbytes + p.scale_zeros.nbytes for p in w.planes)
+    return w.nbytes
 
 
-def _products(shapes: ModelShapes, kind: str, gen: torch.Generator) -> tuple[Products, Products]:
-    """One decode step's products (1 row: layers and head) and one `PREFILL_ROWS`-row chunk's
-    (layers only: a prefill computes logits for its last row alone), each with its count."""
-    decode, prefill = [], []
-    for (n, k), count in shapes.layers.items():
-        w, t = _weight(kind, n, k, gen)
-        x1, xp = torch.randn(1, k, generator=gen), torch.randn(PREFILL_ROWS, k, generator=gen)
-        decode.append((partial(linear, x1, w, t), count))
-        if kind in PREFILL_KINDS:
-            prefill.append((partial(linear, xp, w, t), count))
-    head_n, head_k = shapes.head
-    head_rows = min(head_n, _HEAD_ROWS_TIMED)
-    w, t = _weight(kind, head_rows, head_k, gen)
-    decode.append((partial(linear, torch.randn(1, head_k, generator=gen), w, t), head_n / head_rows))
-    return decode, prefill
+def _copy(w):
+    if isinstance(w, QuantizedWeight):
+        return dataclasses.replace(w, planes=tuple(Int4Plane(p.packed.clone(), p.scale_zeros.clone())
+                                                   for p in w.planes))
+    return w.clone()
 
 
-def _pass_ms(products: Products) -> float:
-    total = 0.0
-    for fn, count in products:
-        start = time.perf_counter()
-        fn()
-        total += (time.perf_counter() - start) * count
-    return total * 1000
+@dataclass
+class _Product:
+    weights: list  # distinct copies, used in turn
+    transposed: bool
+    x1: torch.Tensor
+    xp: torch.Tensor
+
+
+class _KindRun:
+    """One kind's weights, ready to time. A decode pass runs every distinct product once per
+    cycle, each cycle on other copies of the weights, so that together they exceed the
+    last-level cache (at most as many copies as the model has layers): the weights come from
+    memory, as they do in a decode step. The head comes after, past everything else."""
+
+    def __init__(self, shapes: ModelShapes, kind: str, gen: torch.Generator, stream_bytes: int,
+                 inputs: Callable[[int], tuple[torch.Tensor, torch.Tensor]]):
+        counts = _counts(shapes, kind)
+        self.products: dict[Key, _Product] = {}
+        layer_counts = {**counts.own, **counts.extra}
+        layer_counts.pop(HEAD, None)
+        for key in layer_counts:
+            n, k, planes = key
+            w, t = _weight(kind, n, k, planes, gen)
+            self.products[key] = _Product([w], t, *inputs(k))
+        self.head = None  # a 4-bit load whose head stays a float borrows a float kind's time
+        if HEAD in counts.own:
+            head_n, head_k = shapes.head
+            w, t = _weight(kind, min(head_n, _HEAD_ROWS_TIMED), head_k, shapes.head_planes, gen)
+            self.head = _Product([w], t, *inputs(head_k))
+        set_bytes = sum(_nbytes(p.weights[0]) for p in self.products.values()) or 1
+        most = max([math.ceil(c) for c in layer_counts.values()] or [1])
+        self.cycles = max(1, min(most, math.ceil(stream_bytes / set_bytes)))
+        for key, product in self.products.items():
+            for _ in range(min(self.cycles, math.ceil(layer_counts[key])) - 1):
+                product.weights.append(_copy(product.weights[0]))
+
+    def warm_up(self, prefill: bool) -> None:
+        """First calls initialise lazily (kernel selection, packing): untimed."""
+        for p in [*self.products.values(), *([self.head] if self.head else [])]:
+            linear(p.x1, p.weights[0], p.transposed)
+        if prefill:
+            for p in self.products.values():
+                linear(p.xp, p.weights[0], p.transposed)
+
+    def decode_pass(self) -> dict[Key, float]:
+        """Milliseconds per product (the mean over the copies run) and for the head slice."""
+        spent: dict[Key, list[float]] = {key: [] for key in self.products}
+        started = time.perf_counter()
+        for cycle in range(self.cycles):
+            for key, p in self.products.items():
+                t0 = time.perf_counter()
+                linear(p.x1, p.weights[cycle % len(p.weights)], p.transposed)
+                spent[key].append(time.perf_counter() - t0)
+            if time.perf_counter() - started > _PASS_CAP_S:
+                break
+        out = {key: 1000 * sum(v) / len(v) for key, v in spent.items()}
+        if self.head is not None:
+            t0 = time.perf_counter()
+            linear(self.head.x1, self.head.weights[0], self.head.transposed)
+            out[HEAD] = 1000 * (time.perf_counter() - t0)
+        return out
+
+    def prefill_pass(self) -> dict[Key, float]:
+        """Milliseconds per `PREFILL_ROWS`-row product (a prefill computes logits for its last
+        row alone: no head)."""
+        out = {}
+        for key, p in self.products.items():
+            t0 = time.perf_counter()
+            linear(p.xp, p.weights[0], p.transposed)
+            out[key] = 1000 * (time.perf_counter() - t0)
+        return out
+
+
+_PROBE: torch.Tensor | None = None
+
+
+def _probe_ms() -> float:
+    """How long waking torch's threads takes: the median of three fills of a tensor just big
+    enough to be split between them (a few microseconds when they have their cores)."""
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = torch.empty(1 << 17)
+    samples = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _PROBE.fill_(1.0)
+        samples.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(samples)
+
+
+# ---- measuring -----------------------------------------------------------------------------
 
 
 def spread(samples: list[float]) -> float:
@@ -264,59 +462,126 @@ def spread(samples: list[float]) -> float:
 
 @dataclass
 class Measurement:
-    """Median milliseconds per kind (decode step, prefill chunk) and each kind's spread."""
+    """Median milliseconds per kind (decode step, prefill chunk), each kind's spread, and the
+    share of timings whose threads stalled (`stalled`, with the median probe in `stall_ms`)."""
 
     decode_ms: dict[str, float]
     prefill_ms: dict[str, float]
     decode_spread: dict[str, float] = field(default_factory=dict)
     prefill_spread: dict[str, float] = field(default_factory=dict)
+    stalled: float = 0.0
+    stall_ms: float = 0.0
+    timed_once: tuple[str, ...] = ()  # kinds cut after the first repetition (SLOW_CUT)
 
 
-def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
-            busy: Callable[[], bool] | None = None) -> Measurement | None:
-    """Time `kinds` interleaved: each of `reps` repetitions times every kind once, in an order
-    rotated per repetition (a burst of load hits every kind alike); a kind's figure is its
-    median. None when `busy()` turns true between timings (the engine got work): such a
-    measurement would be disturbed, and the engine must not wait for it.
+def _totals(shapes: ModelShapes, per_kind: dict[str, dict[Key, float]], prefill: bool
+            ) -> dict[str, float]:
+    """Each kind's milliseconds per step (or prefill chunk) from its per-product times: counts
+    times times, plus a 4-bit kind's float products at the fastest float kind's times."""
+    def own(kind: str, times: dict[Key, float]) -> float:
+        counts = _counts(shapes, kind).own
+        return sum(c * times[key] for key, c in counts.items()
+                   if key in times and not (prefill and key == HEAD))
 
-    One 4-bit plane is timed; a model whose blocks need two planes (Q5/Q8) is charged
-    `int4_planes` times that, and its weights that do not fit at all the best float kind's
-    time (`_blend`)."""
-    gen = torch.Generator().manual_seed(0)
-    kinds, reps = list(kinds), REPS if reps is None else reps
-    samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in kinds}
-    with torch.inference_mode():
-        products = {kind: _products(shapes, kind, gen) for kind in kinds}
-        for decode, prefill in products.values():  # first calls initialise lazily: untimed
-            _pass_ms(decode), _pass_ms(prefill)
-        for rep in range(reps):
-            for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:
-                if busy is not None and busy():
-                    return None
-                decode, prefill = products[kind]
-                samples[kind][0].append(_pass_ms(decode))
-                if prefill:
-                    samples[kind][1].append(_pass_ms(prefill))
-    med = {k: statistics.median(d) for k, (d, _) in samples.items()}
-    med_p = {k: statistics.median(p) for k, (_, p) in samples.items() if p}
-    return Measurement(_blend(med, shapes), _blend(med_p, shapes),
-                       {k: round(spread(d), 3) for k, (d, _) in samples.items()},
-                       {k: round(spread(p), 3) for k, (_, p) in samples.items() if p})
-
-
-def _blend(times: dict[str, float], shapes: ModelShapes) -> dict[str, float]:
-    floats = [times[k] for k in times if k in _FLOAT]
-    best_float = min(floats) if floats else 0.0
-    out = {}
-    for kind, ms in times.items():
-        if kind.startswith("int4"):
-            fit = shapes.int4_fraction
-            ms = fit * ms * shapes.int4_planes + (1 - fit) * best_float
-        out[kind] = round(ms, 3)
+    floats = {k: own(k, t) for k, t in per_kind.items() if k in _FLOAT}
+    best = min(floats, key=floats.__getitem__) if floats else None
+    out = dict(floats)
+    for kind, times in per_kind.items():
+        if kind in _FLOAT:
+            continue
+        borrowed = _counts(shapes, kind).borrowed
+        out[kind] = own(kind, times) + (0.0 if best is None else sum(
+            c * per_kind[best].get(key, 0.0) for key, c in borrowed.items()
+            if not (prefill and key == HEAD)))
     return out
 
 
+def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
+            busy: Callable[[], bool] | None = None, prefill_kinds=None) -> Measurement | None:
+    """Time `kinds` for decode (and `prefill_kinds`, by default those of `kinds` that are
+    prefill candidates, for prefill) interleaved: each of `reps` repetitions times every
+    kind once, in an order rotated per repetition (a burst of load hits every kind alike),
+    after probing the threads' wake-up (`_probe_ms`); a kind's figure is its median. None when
+    `busy()` turns true between timings (the engine got work): such a measurement would be
+    disturbed, and the engine must not wait for it.
+
+    A 4-bit kind's float products are timed by the float kinds (the default is added when no
+    float kind is among `kinds`)."""
+    gen = torch.Generator().manual_seed(0)
+    reps = REPS if reps is None else reps
+    decode = list(dict.fromkeys(kinds))
+    prefill = [k for k in dict.fromkeys(decode if prefill_kinds is None else prefill_kinds)
+               if k in PREFILL_KINDS]
+    for chosen in (decode, prefill):
+        borrows = any(_counts(shapes, k).borrowed for k in chosen if k not in _FLOAT)
+        if borrows and not any(k in _FLOAT for k in chosen):
+            chosen.append(DEFAULT)
+    timed = list(dict.fromkeys(decode + prefill))
+    stream = min(2 * last_level_cache_bytes(), _STREAM_MAX_BYTES)
+    samples_d: dict[str, list[dict]] = {k: [] for k in decode}
+    samples_p: dict[str, list[dict]] = {k: [] for k in prefill}
+    probes: list[float] = []
+    shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def inputs(k: int) -> tuple[torch.Tensor, torch.Tensor]:  # one row, PREFILL_ROWS rows
+        if k not in shared:
+            shared[k] = (torch.randn(1, k, generator=gen), torch.randn(PREFILL_ROWS, k, generator=gen))
+        return shared[k]
+
+    with torch.inference_mode():
+        runs = {kind: _KindRun(shapes, kind, gen, stream, inputs) for kind in timed}
+        for kind, run in runs.items():
+            run.warm_up(kind in prefill)
+        active_d, active_p = set(decode), set(prefill)
+        for rep in range(reps):
+            for kind in timed[rep % len(timed):] + timed[:rep % len(timed)]:
+                if kind not in active_d and kind not in active_p:
+                    continue
+                if busy is not None and busy():
+                    return None
+                probes.append(_probe_ms())
+                if kind in active_d:
+                    samples_d[kind].append(runs[kind].decode_pass())
+                if kind in active_p:
+                    samples_p[kind].append(runs[kind].prefill_pass())
+            if rep == 0:  # a kind that cannot win is not timed again
+                for samples, active, is_prefill in ((samples_d, active_d, False),
+                                                    (samples_p, active_p, True)):
+                    first = _totals(shapes, {k: s[0] for k, s in samples.items()}, is_prefill)
+                    fastest = min(first.values(), default=0.0)
+                    active -= {k for k, ms in first.items() if ms > SLOW_CUT * fastest
+                               and k != DEFAULT}
+    decode_ms, decode_spread = _figures(shapes, samples_d, False)
+    prefill_ms, prefill_spread = _figures(shapes, samples_p, True)
+    once = tuple(k for k in timed if k not in active_d and k not in active_p)
+    return Measurement(decode_ms, prefill_ms, decode_spread, prefill_spread,
+                       round(sum(p > STALL_MS for p in probes) / max(len(probes), 1), 3),
+                       round(statistics.median(probes), 4) if probes else 0.0, once)
+
+
+def _figures(shapes: ModelShapes, samples: dict[str, list[dict]], prefill: bool
+             ) -> tuple[dict[str, float], dict[str, float]]:
+    """Each kind's median per-product times summed into a step's (or chunk's) milliseconds,
+    and the spread of its repetitions' own totals."""
+    medians = {k: {key: statistics.median(s[key] for s in reps) for key in reps[0]}
+               for k, reps in samples.items() if reps}
+    totals = _totals(shapes, medians, prefill)
+    spreads = {}
+    for kind, reps in samples.items():
+        if reps:
+            per_rep = [_totals(shapes, {**medians, kind: s}, prefill)[kind] for s in reps]
+            spreads[kind] = round(spread(per_rep), 3)
+    return {k: round(ms, 3) for k, ms in totals.items()}, spreads
+
+
 # ---- choosing ------------------------------------------------------------------------------
+
+
+def _allowed(shapes: ModelShapes) -> list[str]:
+    allowed = [k for k in KINDS if k not in FAILS_QUALITY]
+    if shapes.int4_fraction == 0 or not int4_kernel_available():
+        allowed = [k for k in allowed if not k.startswith("int4")]
+    return allowed
 
 
 def _pick(times: dict[str, float], allowed: list[str], noise: float) -> str:
@@ -334,9 +599,7 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     """The fastest kind that meets the quality bar and beats the default beyond noise, for
     decode and for prefill."""
     decode_ms, prefill_ms = m.decode_ms, m.prefill_ms
-    allowed = [k for k in decode_ms if k not in FAILS_QUALITY]
-    if shapes.int4_fraction == 0 or not int4_kernel_available():
-        allowed = [k for k in allowed if not k.startswith("int4")]
+    allowed = [k for k in decode_ms if k in _allowed(shapes)]
     decode = _pick(decode_ms, allowed, _noise(decode_ms, m.decode_spread, allowed))
     prefill_allowed = [k for k in allowed if k in prefill_ms]
     prefill = _pick(prefill_ms, prefill_allowed, _noise(prefill_ms, m.prefill_spread, prefill_allowed))
@@ -348,7 +611,8 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     label = decode if decode == prefill else f"{decode} decode, {prefill} prefill"
     return Policy(decode, prefill, label, _reason(decode_ms, prefill_ms, decode, prefill, allowed,
                                                   shapes, noise),
-                  decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time())
+                  decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time(),
+                  status=MEASURED)
 
 
 def _noise(times: dict[str, float], spreads: dict[str, float], allowed: list[str]) -> float:
@@ -377,19 +641,31 @@ def _reason(decode_ms, prefill_ms, decode, prefill, allowed, shapes, noise) -> s
     return reason
 
 
+def unusable(m: Measurement) -> str | None:
+    """Why a measurement's figures cannot be acted on (None: they can): its threads stalled
+    (see the module docstring's stall rule)."""
+    if m.stalled > STALLED_MAX:
+        return (f"the threads waited for other programs in {m.stalled:.0%} of the timings "
+                f"(waking them took {m.stall_ms:.1f} ms, normally microseconds)")
+    return None
+
+
 # ---- cached, validated, measured -----------------------------------------------------------
 
 
 def cached_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
-    """The cached policy for this CPU, torch and model, or None."""
+    """The cached policy for this measurement, CPU, torch and model, unchecked, or None."""
     entry = read_cache(cache_dir / CACHE_FILE).get(cache_key(shapes))
     return _policy_from(entry) if isinstance(entry, dict) else None
 
 
 def _store(shapes: ModelShapes, cache_dir: Path, policy: Policy) -> None:
+    """Cache `policy`; entries of another measurement (version, rows, kinds) are pruned."""
     path = cache_dir / CACHE_FILE
-    entries = read_cache(path)
-    entries[cache_key(shapes)] = {k: v for k, v in asdict(policy).items() if k != "cached"}
+    current = f"{measurement_id()} | "
+    entries = {k: v for k, v in read_cache(path).items() if k.startswith(current)}
+    entries[cache_key(shapes)] = {k: v for k, v in asdict(policy).items()
+                                  if k not in ("cached", "status")}
     try:
         write_cache(path, entries=entries)
     except OSError:
@@ -399,9 +675,9 @@ def _store(shapes: ModelShapes, cache_dir: Path, policy: Policy) -> None:
 def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
                        busy: Callable[[], bool] | None = None) -> Policy | None:
     """A full measurement and the choice from it, cached when its timings were steady. When
-    they were erratic, or the measurement ran past `BUDGET_S` (a machine this busy times
-    nothing reliably), the default is returned, saying why, and nothing is cached. None when
-    `busy()` interrupted it."""
+    they were erratic or stalled, or the measurement ran past `BUDGET_S` (a machine this busy
+    times nothing reliably), the default is returned (status NOT_MEASURED), saying why, and
+    nothing is cached. None when `busy()` interrupted it."""
     started = time.monotonic()
     over = lambda: time.monotonic() - started > BUDGET_S  # noqa: E731
     m = measure(shapes, busy=lambda: (busy is not None and busy()) or over())
@@ -411,6 +687,10 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
         return default_policy(f"kept: the measurement ran past {BUDGET_S:.0f} s on a busy machine "
                               "(nothing cached; measured again next load)")
     policy = choose(m, shapes)
+    stalled = unusable(m)
+    if stalled:
+        return default_policy(f"kept: {stalled}; what was seen: {policy.reason}; nothing cached, "
+                              "measured again next load")
     if policy.noise > ERRATIC:
         return default_policy(f"kept: timings too erratic to choose (noise {policy.noise:.0%}; "
                               f"{policy.reason}; nothing cached, measured again next load)")
@@ -421,24 +701,53 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
 HOLDS, CHANGED, UNCLEAR, INTERRUPTED = "holds", "changed", "unclear", "interrupted"
 
 
-def validate(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None = None) -> str:
-    """Whether a cached choice still holds: CHANGED when the entry is older than
-    `MAX_AGE_DAYS` or when the chosen kind and its runner-up, re-timed for `VALIDATE_REPS`
-    repetitions, swapped places beyond noise; UNCLEAR when the re-timing was erratic (the
-    steady earlier measurement is kept); INTERRUPTED when `busy()` stopped it."""
-    if time.time() - policy.measured_at > MAX_AGE_DAYS * 86_400:
-        return CHANGED
-    allowed = [k for k in KINDS if k not in FAILS_QUALITY]
-    if shapes.int4_fraction == 0 or not int4_kernel_available():
-        allowed = [k for k in allowed if not k.startswith("int4")]
-    kinds = set()
-    for times, chosen in ((policy.decode_ms, policy.decode), (policy.prefill_ms, policy.prefill)):
-        others = sorted((k for k in times if k in allowed and k != chosen), key=times.__getitem__)
-        kinds |= {chosen, *others[:1]}
-    m = measure(shapes, [k for k in KINDS if k in kinds], reps=VALIDATE_REPS, busy=busy)
+def check(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None = None
+          ) -> tuple[str, str]:
+    """Whether a cached choice still holds, and what was seen. CHANGED when the entry is older
+    than `MAX_AGE_DAYS`, or when a re-timing (`VALIDATE_REPS` repetitions of every allowed
+    decode kind, and of the prefill choice, its runner-up by the cached figures and the
+    default) puts another kind ahead beyond noise or finds the choice's own time `DRIFT`
+    times off its cached figure (an entry measured under load, or poisoned, is caught even
+    when its order ranked the real winner last); UNCLEAR when the re-timing was itself
+    erratic or stalled (the earlier measurement is kept); INTERRUPTED when `busy()` stopped
+    it."""
+    age_days = (time.time() - policy.measured_at) / 86_400
+    if age_days > MAX_AGE_DAYS:
+        return CHANGED, f"the entry is {age_days:.0f} days old"
+    allowed = _allowed(shapes)
+    prefill_allowed = [k for k in allowed if k in PREFILL_KINDS]
+    ranked = sorted((k for k in policy.prefill_ms if k in prefill_allowed and k != policy.prefill),
+                    key=policy.prefill_ms.__getitem__)
+    prefill = [k for k in prefill_allowed if k in {policy.prefill, DEFAULT, *ranked[:1]}]
+    m = measure(shapes, allowed, reps=VALIDATE_REPS, busy=busy, prefill_kinds=prefill)
     if m is None:
-        return INTERRUPTED
-    return {True: HOLDS, False: CHANGED, None: UNCLEAR}[still_holds(policy, m)]
+        return INTERRUPTED, "interrupted"
+    return judge(policy, m)
+
+
+def validate(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None = None) -> str:
+    """`check`'s verdict alone: HOLDS, CHANGED, UNCLEAR or INTERRUPTED."""
+    return check(policy, shapes, busy)[0]
+
+
+def judge(policy: Policy, m: Measurement) -> tuple[str, str]:
+    """A re-timing's verdict on a cached policy (see `check`), and what was seen."""
+    stalled = unusable(m)
+    if stalled:
+        return UNCLEAR, stalled
+    for what, times, cached, chosen in (("decode step", m.decode_ms, policy.decode_ms, policy.decode),
+                                        ("prefill", m.prefill_ms, policy.prefill_ms, policy.prefill)):
+        if chosen in times and cached.get(chosen, 0) > 0:
+            ratio = times[chosen] / cached[chosen]
+            if ratio > DRIFT or ratio < 1 / DRIFT:
+                return CHANGED, (f"{chosen} {what} {times[chosen]:.1f} ms now against "
+                                 f"{cached[chosen]:.1f} ms cached")
+    holds = still_holds(policy, m)
+    if holds is None:
+        return UNCLEAR, "the re-timing was erratic"
+    if not holds:
+        return CHANGED, "another kind is now faster beyond noise"
+    return HOLDS, "re-timed, it holds"
 
 
 def still_holds(policy: Policy, m: Measurement) -> bool | None:
@@ -463,38 +772,57 @@ def still_holds(policy: Policy, m: Measurement) -> bool | None:
 
 def tune(shapes: ModelShapes, cache_dir: Path, busy: Callable[[], bool] | None = None
          ) -> Policy | None:
-    """What the background tuner runs after a load: the cached policy if it validates, else
-    a fresh measurement (cached when steady). None when it was interrupted or could not tell;
-    the caller tries again later."""
+    """The cached policy if it is checked to hold (`check`), else a fresh measurement (cached
+    when usable). When the check found the entry changed but the fresh measurement is
+    unusable, the cached choice is kept (status KEPT), saying so: a machine too busy to
+    measure is too busy to prove the old figures wrong. None when interrupted; the caller
+    (the session's background tuner) tries again later."""
     cached = cached_policy(shapes, cache_dir)
+    detail = ""
     if cached is not None:
-        verdict = validate(cached, shapes, busy)
+        verdict, detail = check(cached, shapes, busy)
         if verdict == INTERRUPTED:
             return None
         if verdict in (HOLDS, UNCLEAR):
+            cached.status = CHECKED if verdict == HOLDS else CHECK_UNCLEAR
             cached.reason += (" (cached, checked)" if verdict == HOLDS
-                              else " (cached; re-check inconclusive, timings erratic)")
+                              else f" (cached; re-check inconclusive: {detail})")
             return cached
-    return measure_and_choose(shapes, cache_dir, busy)
+    fresh = measure_and_choose(shapes, cache_dir, busy)
+    if fresh is None or cached is None:
+        return fresh
+    if fresh.status != MEASURED:
+        cached.status = KEPT
+        cached.reason += (f" (cached, kept: the check found {detail}, but the re-measurement "
+                          f"was unusable: {fresh.reason.removeprefix(f'{DEFAULT} (default) kept: ')})")
+        return cached
+    fresh.reason += f" (measured again: {detail})"
+    return fresh
 
 
 def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
-    """The cached policy for this CPU, torch and model, or a fresh measurement (cached when
-    steady): what a command-line load uses before it loads."""
-    cached = cached_policy(shapes, cache_dir)
-    if cached is not None:
-        return cached
-    policy = measure_and_choose(shapes, cache_dir)
+    """What a command-line load (chat, serve, bench, the comparison script) uses before it
+    loads: the cached policy once checked (`tune`), or a fresh measurement (cached when usable).
+
+    It checks the cached entry, unlike the window's load, because nothing else would: the
+    window loads the cached choice at once and its session checks it in the background, but
+    a command-line process has no background tuner, so an entry measured under load (or
+    before a fix to the measurement) would be trusted for good, costing on every token what
+    a check costs once (about a second for the built-in models)."""
+    policy = tune(shapes, cache_dir)
     assert policy is not None  # nothing can interrupt it
     return policy
 
 
 # ---- a model file's shapes -----------------------------------------------------------------
 
+_SHAPES_VERSION = 2  # of the "files" section's entries (2: joined products, planes per weight)
+
 
 def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
     """`gguf_shapes`, remembered per file (path, size, modification time) in the cache, so a
-    warm load parses the file's header once (in the loader), not twice."""
+    warm load parses the file's header once (in the loader), not twice. Entries of files that
+    no longer exist are pruned."""
     path = Path(path)
     try:
         stat = path.stat()
@@ -505,20 +833,22 @@ def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
     cache = cache_dir / CACHE_FILE
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     known = _read_section(cache, "files").get(key)
-    if isinstance(known, dict):
+    if isinstance(known, dict) and known.get("version") == _SHAPES_VERSION:
         try:
-            return ModelShapes(known["name"], {tuple(map(int, k.split("x"))): int(v)
-                                               for k, v in known["layers"].items()},
-                               tuple(known["head"]), float(known["int4_fraction"]),
-                               float(known["int4_planes"]))
+            return ModelShapes(known["name"], {_dims(k, 2): int(v) for k, v in known["layers"].items()},
+                               _dims("x".join(map(str, known["head"])), 2),
+                               {_dims(k, 3): int(v) for k, v in known["int4_layers"].items()},
+                               int(known["head_planes"]))
         except (KeyError, TypeError, ValueError, AttributeError):
             pass
     shapes = gguf_shapes(path)
     if shapes is not None:
-        files = _read_section(cache, "files")
-        files[key] = {"name": shapes.name, "layers": {f"{n}x{k}": c for (n, k), c in shapes.layers.items()},
-                      "head": list(shapes.head), "int4_fraction": shapes.int4_fraction,
-                      "int4_planes": shapes.int4_planes}
+        files = {k: v for k, v in _read_section(cache, "files").items()
+                 if Path(k.split("|", 1)[0]).exists()}
+        files[key] = {"version": _SHAPES_VERSION, "name": shapes.name,
+                      "layers": {f"{n}x{k}": c for (n, k), c in shapes.layers.items()},
+                      "int4_layers": {f"{n}x{k}x{p}": c for (n, k, p), c in shapes.int4_layers.items()},
+                      "head": list(shapes.head), "head_planes": shapes.head_planes}
         try:
             write_cache(cache, files=files)
         except OSError:
@@ -526,34 +856,81 @@ def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
     return shapes
 
 
+def _dims(text: str, count: int) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in text.split("x"))
+    if len(dims) != count:
+        raise ValueError(text)
+    return dims
+
+
+def _planes(ggml_type) -> int:
+    """4-bit planes a GGUF block type keeps in a 4-bit load (0: it becomes a float)."""
+    if ggml_type not in INT4_TYPES:
+        return 0
+    return 1 if ggml_type in ONE_PLANE_TYPES else 2
+
+
+# Weights `finish_loading` joins into one product (`DecoderLayer.fuse_products`).
+_JOINED = (("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("ffn_gate.weight", "ffn_up.weight"))
+
+
+def _layer_products(tensors: dict[str, tuple[int, int, int]]) -> tuple[list, list]:
+    """One layer's products: [(out, in)] as a float load runs them, [(out, in, planes)] as a
+    4-bit load does (joined only where `layers.fuse` joins: the same planes, and parts of
+    64-row multiples when 4-bit; Q, K alone when V differs)."""
+    rest = dict(tensors)
+    floats, int4 = [], []
+
+    def joins(parts) -> bool:
+        planes = {p for _, _, p in parts}
+        return len(planes) == 1 and (0 in planes or all(n % 64 == 0 for n, _, _ in parts))
+
+    for group in _JOINED:
+        if not all(name in rest for name in group):
+            continue
+        parts = [rest.pop(name) for name in group]
+        floats.append((sum(n for n, _, _ in parts), parts[0][1]))
+        for size in (len(parts), 2):
+            if joins(parts[:size]):
+                joined = parts[:size]
+                int4.append((sum(n for n, _, _ in joined), joined[0][1], joined[0][2]))
+                int4 += parts[size:]
+                break
+        else:
+            int4 += parts
+    floats += [(n, k) for n, k, _ in rest.values()]
+    int4 += list(rest.values())
+    return floats, int4
+
 
 def gguf_shapes(path: Path) -> ModelShapes | None:
-    """The linear shapes of a GGUF file's decoder, or None when it is not a GGUF file."""
+    """The linear products of a GGUF file's decoder, or None when it is not a GGUF file."""
     from app.models.gguf_file import GGUFFile
 
     if path.is_dir():
         return None
-    layers: dict[tuple[int, int], int] = {}
+    per_layer: dict[int, dict[str, tuple[int, int, int]]] = {}
     head = None
-    fit, total, planes = 0, 0, 0
     with GGUFFile(path) as gguf:
         name = gguf.get("general.name") if isinstance(gguf.get("general.name"), str) else path.stem
         for tensor, info in gguf.tensors.items():
             if len(info.shape) != 2:
                 continue
             n, k = (int(d) for d in info.shape)
-            if tensor in ("token_embd.weight", "output.weight"):
-                if head is None or tensor == "output.weight":
-                    head = (n, k)
-                if tensor == "token_embd.weight" and "output.weight" in gguf.tensors:
-                    continue  # an untied embedding is only gathered from
-            elif tensor.startswith("blk.0."):
-                layers[(n, k)] = layers.get((n, k), 0) + 1
-            total += n * k
-            fit += n * k if info.ggml_type in INT4_TYPES else 0
-            planes += n * k * (1 if info.ggml_type in ONE_PLANE_TYPES else 2) if info.ggml_type in INT4_TYPES else 0
-        n_layers = sum(1 for t in gguf.tensors if t.endswith(".attn_norm.weight"))
-    if head is None or not layers:
+            if tensor == "output.weight" or (tensor == "token_embd.weight"
+                                             and "output.weight" not in gguf.tensors):
+                head = (n, k, _planes(info.ggml_type))  # an untied embedding is only gathered from
+            elif tensor.startswith("blk."):
+                _, index, rest = tensor.split(".", 2)
+                per_layer.setdefault(int(index), {})[rest] = (n, k, _planes(info.ggml_type))
+    if head is None or not per_layer:
         return None
-    layers = {shape: count * max(n_layers, 1) for shape, count in layers.items()}
-    return ModelShapes(name, layers, head, fit / max(total, 1), planes / max(fit, 1))
+    layers: dict[tuple[int, int], int] = {}
+    int4_layers: dict[tuple[int, int, int], int] = {}
+    for tensors in per_layer.values():
+        floats, int4 = _layer_products(tensors)
+        for shape in floats:
+            layers[shape] = layers.get(shape, 0) + 1
+        for shape in int4:
+            int4_layers[shape] = int4_layers.get(shape, 0) + 1
+    return ModelShapes(name, layers, head[:2], int4_layers, head[2])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -12,8 +14,12 @@ from app.engine.device import DeviceError, plan_load
 from app.models.quantized import int4_kernel_available
 
 _TORCH_VERSION = torch.__version__
-# Small shapes so a real measurement takes a fraction of a second.
-TINY = kp.ModelShapes("tiny", {(64, 64): 4, (128, 64): 2, (64, 128): 2}, (512, 64), 1.0, 1.0)
+# Small shapes so a real measurement takes a fraction of a second: two layers, as a float load
+# runs them (Q, K, V joined; O; gate and up joined; down) and as a 4-bit load does (Q and K
+# joined with two planes, V staying a float, one down 4-bit and one float).
+TINY = kp.ModelShapes("tiny", {(192, 64): 2, (64, 64): 2, (256, 64): 2, (64, 128): 2}, (512, 64),
+                      {(128, 64, 2): 2, (64, 64, 0): 2, (64, 64, 1): 2, (256, 64, 1): 2,
+                       (64, 128, 1): 1, (64, 128, 0): 1}, 2)
 
 
 def _m(decode, prefill, spread=0.0) -> kp.Measurement:
@@ -62,7 +68,9 @@ def test_an_int4_decode_never_leaves_the_prefill_to_other_4bit_planes():
 def test_kinds_that_fail_quality_or_do_not_fit_are_never_chosen(monkeypatch):
     decode = {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 1.0, "int4_f32": 9.0}
     prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
-    no_blocks = kp.ModelShapes("f16 model", TINY.layers, TINY.head, 0.0)
+    no_blocks = kp.ModelShapes("f16 model", TINY.layers, TINY.head,
+                               {(n, k, 0): c for (n, k), c in TINY.layers.items()}, 0)
+    assert no_blocks.int4_fraction == 0
     assert kp.choose(_m(decode, prefill), no_blocks).decode == "float16"
     monkeypatch.setattr(kp, "FAILS_QUALITY", frozenset({"int4_bf16", "float16"}))
     assert kp.choose(_m(decode, prefill), TINY).decode == "bfloat16"
@@ -85,26 +93,55 @@ def test_a_real_measurement_times_every_kind_interleaved():
     m = kp.measure(TINY, reps=3, busy=lambda: order.append(1) and False)
     assert set(m.decode_ms) == set(kp.KINDS) and set(m.prefill_ms) == set(kp.PREFILL_KINDS)
     assert all(ms > 0 for ms in [*m.decode_ms.values(), *m.prefill_ms.values()])
-    assert len(order) == 3 * len(kp.KINDS)  # every repetition times every kind once
+    # The first repetition times every kind once, later ones every kind that can still win.
+    assert kp.DEFAULT not in m.timed_once
+    assert len(order) == len(kp.KINDS) + 2 * (len(kp.KINDS) - len(m.timed_once))
     assert all(s >= 0 for s in m.decode_spread.values())
+    assert 0 <= m.stalled <= 1 and m.stall_ms > 0
+
+
+def test_a_4bit_kind_is_charged_its_float_leftovers_at_the_fastest_float_kind():
+    """V and one down stay floats in TINY's 4-bit load: they cost what the fastest float kind
+    takes for them, the rest what the 4-bit kernel takes."""
+    times = {"float16": {(192, 64, 0): 1.0, (64, 64, 0): 0.5, (256, 64, 0): 2.0, (64, 128, 0): 1.0,
+                         kp.HEAD: 1.0},
+             "float32": {(192, 64, 0): 2.0, (64, 64, 0): 5.0, (256, 64, 0): 4.0, (64, 128, 0): 2.0,
+                         kp.HEAD: 2.0},
+             "int4_bf16": {(128, 64, 2): 0.25, (64, 64, 1): 0.125, (256, 64, 1): 0.5,
+                           (64, 128, 1): 0.25, kp.HEAD: 0.5}}
+    totals = kp._totals(TINY, times, prefill=False)
+    assert totals["float16"] == 2 * (1.0 + 0.5 + 2.0 + 1.0) + 1.0  # head scaled: 512 rows timed
+    own = 2 * 0.25 + 2 * 0.125 + 2 * 0.5 + 1 * 0.25 + 0.5
+    assert totals["int4_bf16"] == own + 2 * 0.5 + 1 * 1.0  # V twice, one down: float16's
+    # A prefill has no head.
+    assert kp._totals(TINY, times, prefill=True)["int4_bf16"] == own - 0.5 + 2 * 0.5 + 1.0
 
 
 def test_tune_keeps_a_cached_choice_unless_the_check_says_it_changed(tmp_path, monkeypatch):
     decode = {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 2.0, "int4_f32": 9.0}
     prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
     kp._store(TINY, tmp_path, kp.choose(_m(decode, prefill), TINY))
-    for verdict, ending in ((kp.HOLDS, "(cached, checked)"), (kp.UNCLEAR, "timings erratic)")):
-        monkeypatch.setattr(kp, "validate", lambda *a, v=verdict, **k: v)
+    for verdict, ending, status in ((kp.HOLDS, "(cached, checked)", kp.CHECKED),
+                                    (kp.UNCLEAR, "timings erratic)", kp.CHECK_UNCLEAR)):
+        monkeypatch.setattr(kp, "check", lambda *a, v=verdict, **k: (v, "the timings erratic"))
         policy = kp.tune(TINY, tmp_path)
         assert policy.cached and policy.decode == "int4_bf16" and policy.reason.endswith(ending)
-    monkeypatch.setattr(kp, "validate", lambda *a, **k: kp.INTERRUPTED)
+        assert policy.status == status
+    monkeypatch.setattr(kp, "check", lambda *a, **k: (kp.INTERRUPTED, ""))
     assert kp.tune(TINY, tmp_path) is None
+    # Changed, and the re-measurement erratic or stalled: the cached choice is kept, saying so.
+    monkeypatch.setattr(kp, "check", lambda *a, **k: (kp.CHANGED, "a drift"))
+    for unusable in (_m(decode, prefill, 0.9), dataclasses.replace(_m(decode, prefill), stalled=0.5)):
+        monkeypatch.setattr(kp, "measure", lambda *a, u=unusable, **k: u)
+        kept = kp.tune(TINY, tmp_path)
+        assert kept.cached and kept.status == kp.KEPT and kept.decode == "int4_bf16"
+        assert "kept: the check found a drift, but the re-measurement was unusable" in kept.reason
     # Changed: measured again (here float16 wins everything) and the new choice cached.
-    monkeypatch.setattr(kp, "validate", lambda *a, **k: kp.CHANGED)
     monkeypatch.setattr(kp, "measure", lambda *a, **k: _m({**decode, "float16": 1.0},
                                                           {**prefill, "float16": 1.0}, 0.01))
     fresh = kp.tune(TINY, tmp_path)
-    assert not fresh.cached and fresh.label == "float16"
+    assert not fresh.cached and fresh.label == "float16" and fresh.status == kp.MEASURED
+    assert fresh.reason.endswith("(measured again: a drift)")
     assert kp.cached_policy(TINY, tmp_path).label == "float16"
 
 
@@ -123,6 +160,22 @@ def test_erratic_timings_are_never_cached(tmp_path, monkeypatch):
     assert "erratic" in policy.reason and policy.label == kp.DEFAULT
     assert "noise 90%" in policy.reason and "int4_bf16" in policy.reason  # what it saw
     assert kp.cached_policy(TINY, tmp_path) is None
+
+
+def test_a_measurement_whose_threads_stalled_is_never_cached(tmp_path, monkeypatch):
+    """Figures from a machine whose cores were taken (the stall probe was slow in more than
+    STALLED_MAX of the timings) are the scheduler's, however steady: the default is kept."""
+    stalled = dataclasses.replace(
+        _m({"float32": 38.3, "bfloat16": 2494.0, "float16": 2592.0, "int4_bf16": 3136.0,
+            "int4_f32": 3329.0}, {"float32": 4977.0, "bfloat16": 6833.0, "float16": 7437.0,
+                                  "int4_bf16": 8277.0}, 0.2), stalled=0.6, stall_ms=8.0)
+    monkeypatch.setattr(kp, "measure", lambda *a, **k: stalled)
+    policy = kp.measure_and_choose(TINY, tmp_path)
+    assert policy.label == kp.DEFAULT and policy.status == kp.NOT_MEASURED
+    assert "threads waited for other programs in 60%" in policy.reason
+    assert kp.cached_policy(TINY, tmp_path) is None
+    steady = dataclasses.replace(stalled, stalled=kp.STALLED_MAX)  # at the bar: used
+    assert kp.unusable(steady) is None
 
 
 def test_a_measurement_past_its_budget_keeps_the_default(tmp_path, monkeypatch):
@@ -144,20 +197,69 @@ def test_a_cached_choice_is_kept_while_a_re_timing_agrees():
     assert kp.still_holds(policy, planes) is True
 
 
+def test_a_re_timing_whose_choice_drifted_or_was_overtaken_means_changed():
+    """The cached entry that ran SmolLM2 in float32: the chosen kind's own figure, or the
+    order (int4 was ranked last), contradicted by a re-timing."""
+    cached = kp.Policy("float32", "float32", "float32", "y",
+                       {"float32": 38.3, "bfloat16": 2494.2, "float16": 2592.4, "int4_bf16": 3136.3},
+                       {"float32": 4977.6, "bfloat16": 6833.0, "float16": 7437.6},
+                       measured_at=time.time())
+    same = _m({"float32": 38.0, "bfloat16": 2400.0, "float16": 2600.0, "int4_bf16": 3100.0},
+              {"float32": 4900.0, "bfloat16": 6800.0, "float16": 7400.0}, 0.02)
+    assert kp.judge(cached, same) == (kp.HOLDS, "re-timed, it holds")
+    for factor in (1.7, 1 / 1.7):  # either way
+        drifted = _m({**same.decode_ms, "float32": 38.3 * factor}, same.prefill_ms, 0.02)
+        verdict, detail = kp.judge(cached, drifted)
+        assert verdict == kp.CHANGED and "float32 decode step" in detail and "38.3 ms cached" in detail
+    overtaken = _m({**same.decode_ms, "int4_bf16": 15.0}, same.prefill_ms, 0.02)
+    assert kp.judge(cached, overtaken) == (kp.CHANGED, "another kind is now faster beyond noise")
+    stalled = dataclasses.replace(overtaken, stalled=0.5, stall_ms=8.0)
+    verdict, detail = kp.judge(cached, stalled)
+    assert verdict == kp.UNCLEAR and "threads waited" in detail
+
+
 @pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
-def test_validation_re_times_the_choice_and_runner_up_only_and_expires():
+def test_validation_re_times_every_decode_kind_and_three_prefill_kinds_and_expires(monkeypatch):
     decode = {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 2.0, "int4_f32": 9.0}
     prefill = {"float32": 50.0, "bfloat16": 10.0, "float16": 40.0, "int4_bf16": 30.0}
-    policy = kp.choose(_m(decode, prefill), TINY)  # int4_bf16 (float16 next), bfloat16 (int4_bf16 next)
-    timed = []
-    verdict = kp.validate(policy, TINY, busy=lambda: timed.append(1) and False)
-    assert verdict in (kp.HOLDS, kp.CHANGED, kp.UNCLEAR)
-    assert len(timed) == kp.VALIDATE_REPS * 3  # int4_bf16, float16, bfloat16
+    policy = kp.choose(_m(decode, prefill), TINY)  # int4_bf16; bfloat16 (int4_bf16 next)
+    asked, real_measure = [], kp.measure
+
+    def recording(shapes, kinds, **kw):  # the real measurement, its arguments noted
+        asked.append((list(kinds), list(kw["prefill_kinds"]), kw["reps"]))
+        return real_measure(shapes, kinds, **kw)
+
+    monkeypatch.setattr(kp, "measure", recording)
+    verdict, detail = kp.check(policy, TINY, busy=lambda: False)
+    assert verdict in (kp.HOLDS, kp.CHANGED, kp.UNCLEAR) and detail
+    assert asked == [(list(kp.KINDS), ["bfloat16", "float16", "int4_bf16"], kp.VALIDATE_REPS)]
     assert kp.validate(policy, TINY, busy=lambda: True) == kp.INTERRUPTED
     policy.measured_at -= (kp.MAX_AGE_DAYS + 1) * 86_400
-    timed.clear()
-    assert kp.validate(policy, TINY, busy=lambda: timed.append(1) and False) == kp.CHANGED
-    assert not timed  # expired: no re-timing, a full measurement follows
+    asked.clear()
+    assert kp.check(policy, TINY)[0] == kp.CHANGED
+    assert not asked  # expired: no re-timing, a full measurement follows
+
+
+def test_a_poisoned_cache_entry_is_caught_and_replaced(tmp_path, monkeypatch):
+    """Absurd cached figures (float32 a thousand times faster than anything can be, everything
+    else seconds) are caught by a real re-timing and measured again, by the command line's
+    path (`policy_for`) as well as the session's (`tune`). The bars for erratic or stalled
+    timings are lifted so the verdict does not depend on how busy this machine is."""
+    monkeypatch.setattr(kp, "ERRATIC", 1e9)
+    monkeypatch.setattr(kp, "STALLED_MAX", 1.0)
+    poisoned = {k: 5000.0 for k in kp.KINDS} | {"float32": 0.001}
+    entry = kp.Policy("float32", "float32", "float32", "poisoned", poisoned,
+                      {k: 9000.0 for k in kp.PREFILL_KINDS} | {"float32": 0.001},
+                      noise=0.2, measured_at=time.time())
+    for settle in (kp.policy_for, kp.tune):
+        kp._store(TINY, tmp_path, entry)
+        assert kp.cached_policy(TINY, tmp_path).decode_ms == poisoned
+        policy = settle(TINY, tmp_path)
+        assert policy.status == kp.MEASURED and not policy.cached
+        assert "measured again: float32 decode step" in policy.reason
+        replaced = kp.cached_policy(TINY, tmp_path)
+        assert replaced.decode_ms == policy.decode_ms and replaced.decode_ms != poisoned
+        assert replaced.decode_ms["float32"] > 0.0016  # a real step's products
 
 
 @pytest.fixture
@@ -170,14 +272,31 @@ def steady(monkeypatch):
     return m
 
 
-def test_the_cache_is_written_then_reused(tmp_path, steady):
+def test_the_cache_is_written_then_reused_once_checked(tmp_path, steady):
     first = kp.policy_for(TINY, tmp_path)
-    assert not first.cached
+    assert not first.cached and first.status == kp.MEASURED
     data = json.loads((tmp_path / kp.CACHE_FILE).read_text())
     assert list(data["entries"]) == [kp.cache_key(TINY)]
-    again = kp.policy_for(TINY, tmp_path)
-    assert again.cached and (again.decode, again.prefill, again.decode_ms) == (
+    assert "status" not in data["entries"][kp.cache_key(TINY)]  # how it was reached is not stored
+    again = kp.policy_for(TINY, tmp_path)  # the same steady figures: the check holds
+    assert again.cached and again.status == kp.CHECKED and (again.decode, again.prefill,
+                                                              again.decode_ms) == (
         first.decode, first.prefill, first.decode_ms)
+    assert kp.cached_policy(TINY, tmp_path).status == kp.UNCHECKED
+
+
+@pytest.mark.parametrize("change", [("PREFILL_ROWS", 128), ("MEASURE_VERSION", 2),
+                                    ("KINDS", kp.KINDS[:3]), ("PREFILL_KINDS", kp.PREFILL_KINDS[:3])])
+def test_the_key_covers_the_measurement_itself_and_old_entries_are_pruned(tmp_path, monkeypatch,
+                                                                         steady, change):
+    kp.policy_for(TINY, tmp_path)
+    old_key = kp.cache_key(TINY)
+    monkeypatch.setattr(kp, *change)
+    assert kp.cache_key(TINY) != old_key and kp.cached_policy(TINY, tmp_path) is None
+    other_model = dataclasses.replace(TINY, name="other")
+    assert not kp.policy_for(other_model, tmp_path).cached  # measured again ...
+    entries = json.loads((tmp_path / kp.CACHE_FILE).read_text())["entries"]
+    assert list(entries) == [kp.cache_key(other_model)]  # ... and the old measurement's pruned
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"entries": 3}', "\udcff"])
@@ -196,7 +315,7 @@ def test_a_damaged_entry_is_measured_again(tmp_path, steady):
 
 def test_another_cpu_torch_or_model_does_not_reuse_the_entry(tmp_path, monkeypatch, steady):
     kp.policy_for(TINY, tmp_path)
-    other_model = kp.ModelShapes("other", TINY.layers, TINY.head, 1.0)
+    other_model = dataclasses.replace(TINY, name="other")
     assert not kp.policy_for(other_model, tmp_path).cached
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     assert not kp.policy_for(TINY, tmp_path).cached
@@ -207,11 +326,51 @@ def test_another_cpu_torch_or_model_does_not_reuse_the_entry(tmp_path, monkeypat
     assert len(entries) == 4  # every machine and model keeps its own
 
 
-def test_the_embedded_models_shapes(embedded_model_path):
+def test_the_embedded_models_products(embedded_model_path):
+    """Gemma 3 270M Q4_K_M: Q, K, gate, up Q5_0 (two planes), V Q5_0 or Q8_0 (two), O Q4_K
+    (one), down Q4_K in half the layers and Q6_K (a float) in the others; the tied head Q8_0."""
     shapes = kp.gguf_shapes(embedded_model_path)
-    assert shapes.head == (262144, 640)
-    assert shapes.layers[(2048, 640)] == 2 * 18 and shapes.layers[(640, 2048)] == 18
-    assert 0.9 < shapes.int4_fraction < 1 and 1 < shapes.int4_planes <= 2  # Q6_K does not fit
+    assert shapes.head == (262144, 640) and shapes.head_planes == 2
+    assert shapes.layers == {(1536, 640): 18, (640, 1024): 18, (4096, 640): 18, (640, 2048): 18}
+    assert shapes.int4_layers == {(1536, 640, 2): 18, (640, 1024, 1): 18, (4096, 640, 2): 18,
+                                  (640, 2048, 1): 9, (640, 2048, 0): 9}
+    assert 0.9 < shapes.int4_fraction < 1
+
+
+def _engine_products(model) -> dict[tuple[int, int, int], int]:
+    """(out, in, planes) -> count of the products a loaded model's decode step runs."""
+    from app.models.quantized import QuantizedWeight
+
+    found: dict[tuple[int, int, int], int] = {}
+    for layer in model.layers:
+        (q, k, v, _), (gate, up) = layer._qkv_of, layer._gate_up_of
+        qkv = [layer.qkv] + ([layer.v] if v is None else [])
+        for w in [*qkv, layer.o, layer.gate_up, layer.down]:
+            planes = len(w.planes) if isinstance(w, QuantizedWeight) else 0
+            out, inp = (w.out_features, w.in_features) if planes else (
+                (w.shape[1], w.shape[0]) if model.fmt.transposed else tuple(w.shape))
+            found[(out, inp, planes)] = found.get((out, inp, planes), 0) + 1
+    return found
+
+
+@pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
+def test_the_measured_products_are_the_ones_a_4bit_load_runs(embedded_model_path):
+    """What the measurement times for a 4-bit kind is what the loaded engine multiplies by:
+    the same joined products with the same planes, the same float leftovers, the same head."""
+    from app.engine.device import LoadPlan, load_planned
+    from app.models.layers import WeightFormat
+    from app.models.quantized import QuantizedWeight
+
+    shapes = kp.gguf_shapes(embedded_model_path)
+    fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, None)
+    loaded = load_planned(embedded_model_path, torch.device("cpu"),
+                          LoadPlan(torch.float16, None, fmt, "int4", "test"))
+    try:
+        model = loaded.model
+        assert _engine_products(model) == shapes.int4_layers
+        assert isinstance(model.embedding, QuantizedWeight) and len(model.embedding.planes) == 2
+    finally:
+        loaded.unload()
 
 
 def test_forcing_int4_needs_a_gguf_model(tmp_path):
@@ -223,15 +382,23 @@ def test_forcing_int4_needs_a_gguf_model(tmp_path):
         plan_load(folder, torch.device("cpu"), "int3")
 
 
-def test_auto_on_the_cpu_measures_once_and_says_why(embedded_model_path, _own_data_dir):
+def test_auto_on_the_cpu_measures_once_then_checks_and_says_why(embedded_model_path, _own_data_dir):
     plan = plan_load(embedded_model_path, torch.device("cpu"), "auto")
-    assert "(cached)" not in plan.reason
+    assert "(cached" not in plan.reason
     again = plan_load(embedded_model_path, torch.device("cpu"), "auto")
     if plan.reason.startswith(f"{kp.DEFAULT} (default) kept"):  # a busy machine: nothing cached
-        assert plan.label == kp.DEFAULT and "(cached)" not in again.reason
+        assert plan.label == kp.DEFAULT and plan.policy_status == kp.NOT_MEASURED
+        assert "(cached" not in again.reason
     else:
-        assert plan.reason.startswith("measured on ")
-        assert again.reason.endswith("(cached)") and again.label == plan.label
+        assert plan.reason.startswith("measured on ") and plan.policy_status == kp.MEASURED
+        # The command line checks the cached entry before trusting it (a busy machine may find
+        # it changed, or the check inconclusive: it says so).
+        assert again.policy_status in (kp.CHECKED, kp.CHECK_UNCLEAR, kp.KEPT, kp.MEASURED)
+        if again.policy_status == kp.CHECKED:
+            assert again.reason.endswith("(cached, checked)") and again.label == plan.label
+    unchecked = plan_load(embedded_model_path, torch.device("cpu"), "auto", measure=False)
+    cached = kp.cached_policy(unchecked.shapes, _own_data_dir)
+    assert unchecked.policy_status == (kp.UNCHECKED if cached else kp.NOT_MEASURED)
 
 
 def test_without_measuring_first_the_safe_default_loads(embedded_model_path, _own_data_dir):

@@ -752,19 +752,21 @@ def judge(policy: Policy, m: Measurement) -> tuple[str, str]:
 
 def still_holds(policy: Policy, m: Measurement) -> bool | None:
     """Whether a re-timing `m` keeps the policy's choices ahead of the other kinds it timed
-    (or behind by no more than the noise); None when its timings are erratic."""
-    spreads = [*m.decode_spread.values(), *m.prefill_spread.values()]
-    if spreads and max(spreads) > ERRATIC:
-        return None
-    for times, spreads_, chosen in ((m.decode_ms, m.decode_spread, policy.decode),
-                                    (m.prefill_ms, m.prefill_spread, policy.prefill)):
+    (or behind by no more than the noise); None when the timings that decide it (the choice's
+    and those of the kinds within `ERRATIC` of it or faster) are erratic. A kind timed far
+    behind cannot overturn the choice, so its noise does not matter."""
+    for times, spreads, chosen in ((m.decode_ms, m.decode_spread, policy.decode),
+                                   (m.prefill_ms, m.prefill_spread, policy.prefill)):
         if chosen not in times:
             continue
         rivals = [k for k in times if k != chosen
                   # an int4 decode leaves the prefill to a float copy (one set of planes)
                   and not (times is m.prefill_ms and policy.decode.startswith("int4")
                            and k.startswith("int4"))]
-        margin = max([MIN_GAIN, *(spreads_.get(k, 0.0) for k in times)])
+        near = [chosen, *(k for k in rivals if times[k] <= times[chosen] * (1 + ERRATIC))]
+        if max(spreads.get(k, 0.0) for k in near) > ERRATIC:
+            return None
+        margin = max([MIN_GAIN, *(spreads.get(k, 0.0) for k in near)])
         if any(times[k] < times[chosen] * (1 - margin) for k in rivals):
             return False
     return True

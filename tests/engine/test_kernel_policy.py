@@ -192,6 +192,14 @@ def test_a_cached_choice_is_kept_while_a_re_timing_agrees():
     flipped = _m({"int4_bf16": 10.0, "float16": 7.0}, {"bfloat16": 50.0, "float32": 52.0}, 0.03)
     assert kp.still_holds(policy, flipped) is False
     assert kp.still_holds(policy, _m(flipped.decode_ms, flipped.prefill_ms, 0.6)) is None
+    # The noise of a kind timed far behind cannot overturn the choice: not erratic.
+    far = kp.Measurement({"int4_bf16": 10.0, "float16": 10.3, "int4_f32": 400.0},
+                         {"bfloat16": 50.0, "float32": 52.0},
+                         {"int4_bf16": 0.03, "float16": 0.03, "int4_f32": 0.9},
+                         {"bfloat16": 0.03, "float32": 0.03})
+    assert kp.still_holds(policy, far) is True
+    assert kp.still_holds(policy, dataclasses.replace(
+        far, decode_spread={**far.decode_spread, "float16": 0.5})) is None
     # An int4 decode's prefill is never compared with 4-bit planes it does not use.
     planes = _m({"int4_bf16": 10.0}, {"bfloat16": 50.0, "int4_bf16": 20.0}, 0.03)
     assert kp.still_holds(policy, planes) is True

@@ -123,6 +123,17 @@ def test_many_rows_use_the_wide_copy_when_there_is_one():
     assert torch.allclose(one, x[:1] @ raw.dequantize().t(), rtol=0.02, atol=0.02)
 
 
+def test_a_float16_wide_copy_multiplies_many_rows_in_float32():
+    """As `layers.linear` does with float16 weights on the CPU (the fast many-row path, and
+    the one the measured policy times for a float16 prefill)."""
+    raw = random_blocks(T.Q4_1, seed=7)
+    fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, torch.float16)
+    qw = fmt.prepare(raw)
+    x = torch.randn(16, K)
+    assert qw.wide.dtype == torch.float16
+    assert torch.equal(linear(x, qw, False), torch.nn.functional.linear(x, qw.wide.float()))
+
+
 def test_a_tied_embedding_gathers_exact_float32_rows():
     raw = random_blocks(T.Q8_0, seed=7)
     fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16)

@@ -15,10 +15,13 @@ something else (or waited for the GIL). Four scenarios:
     .venv/bin/python scripts/bench_gui_stalls.py                # all four
     .venv/bin/python scripts/bench_gui_stalls.py --only a,c     # some
     .venv/bin/python scripts/bench_gui_stalls.py --profile      # + where the GUI thread's time went
+    .venv/bin/python scripts/bench_gui_stalls.py --probe        # + who held the GIL (no cProfile)
 
 --profile runs cProfile on the GUI thread only (the worker and engine threads are not
 profiled) and times every event Qt delivers on it, printing the slowest events and the
-functions with the most cumulative time per scenario. Profiling slows the GUI thread down:
+functions with the most cumulative time per scenario; a probe thread that sleeps 1 ms in a
+loop prints, for each time it woke late, where every thread was (a worker holding the GIL
+in a long C call stalls the GUI thread as surely as its own work). Profiling slows the GUI thread down:
 read its gaps as attribution, not as the figures.
 """
 
@@ -34,7 +37,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -78,6 +83,65 @@ class Heartbeat:
         self.gaps.append(gap)
         if gap > LONG_GAP_MS:
             self.long.append((gap, self.phase))
+
+
+class GilProbe:
+    """With --profile: a Python thread that sleeps 1 ms in a loop. When it wakes more than
+    PROBE_GAP_MS late, some thread held the GIL (or the CPU was taken): it records every
+    thread's innermost frames at that moment, which name who was running through the gap
+    (the holder is usually just past the long call)."""
+
+    PROBE_GAP_MS = 20
+
+    def __init__(self, heartbeat: Heartbeat):
+        self.heartbeat = heartbeat
+        self.gaps: list[tuple[float, str, list[str]]] = []  # (ms, phase, one line a thread)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gil-probe", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        names = {}
+        last = time.perf_counter()
+        while not self._stop.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gap = (now - last) * 1000
+            if gap > self.PROBE_GAP_MS:
+                frames = sys._current_frames()
+                names.update({t.ident: t.name for t in threading.enumerate()})
+                lines = [f"{names.get(ident, ident)}: {self._where(frame)}"
+                         for ident, frame in frames.items() if ident != me]
+                self.gaps.append((gap, self.heartbeat.phase, lines))
+            last = time.perf_counter()
+
+    @staticmethod
+    def _where(frame) -> str:
+        """The innermost three frames, innermost last (paths cut to the project or package)."""
+        stack = traceback.extract_stack(frame)[-3:]
+        return " > ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in stack)
+
+    def text(self) -> str:
+        out = []
+        for gap, phase, lines in sorted(self.gaps, reverse=True)[:12]:
+            out.append(f"  probe gap {gap:6.1f} ms during {phase}")
+            out.extend(f"      {line}" for line in lines)
+        return "\n".join(out) or "  none"
+
+
+def _short(filename: str) -> str:
+    """A path from the project's root or from site-packages."""
+    for marker in ("site-packages/", f"{Path(__file__).resolve().parents[1]}/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename.rsplit("/", 1)[-1]
 
 
 class EventTimer(QtWidgets.QApplication):
@@ -230,8 +294,11 @@ class Bench:
     def measure(self, name: str, run) -> None:
         beat = self.heartbeat = Heartbeat()
         profiler = cProfile.Profile() if self.args.profile else None
+        probe = GilProbe(beat) if self.args.profile or self.args.probe else None
         app = QtWidgets.QApplication.instance()
         EventTimer.slowest = []
+        if probe:
+            probe.start()
         if profiler:
             app.timing = True
             profiler.enable()
@@ -241,7 +308,12 @@ class Bench:
         if profiler:
             profiler.disable()
             app.timing = False
-            self.profiles[name] = self._profile_text(profiler)
+        if probe:
+            probe.stop()
+        if profiler or probe:
+            self.profiles[name] = ((self._profile_text(profiler) if profiler else "")
+                                   + f"\nGIL probe (1 ms sleeper, gaps > {probe.PROBE_GAP_MS} ms):\n"
+                                   + probe.text())
         self.results.append((name, {**summary(beat.gaps), **extra}, sorted(beat.long)[-5:]))
         self.print_result(*self.results[-1])
 
@@ -411,6 +483,9 @@ def main() -> None:
     parser.add_argument("--only", default="a,b,c,d", help="scenarios to run, e.g. a,c")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the GUI thread and time its events per scenario")
+    parser.add_argument("--probe", action="store_true",
+                        help="only the GIL probe of --profile (where every thread was when a "
+                             "1 ms sleeper thread woke late), without cProfile")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="sys.setswitchinterval for the run (Python's default is 5 ms)")
     args = parser.parse_args()

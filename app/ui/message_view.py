@@ -193,7 +193,16 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         return self._scratch.document
 
     def sizeHint(self) -> QtCore.QSize:
-        width = max(self.width(), 200)
+        width = self.width()
+        parent = self.parentWidget()
+        if not self.testAttribute(Qt.WidgetAttribute.WA_Resized) and parent is not None \
+                and parent.layout() is not None:
+            # Not given a size yet (a message widget being shown for the first time): the
+            # width its parent's layout will give it, not QWidget's default 640 px, or the
+            # text is laid out and measured at a width it never gets.
+            margins = parent.layout().contentsMargins()
+            width = parent.contentsRect().width() - margins.left() - margins.right()
+        width = max(width, 200)
         return QtCore.QSize(width, self.heightForWidth(width))
 
     def minimumSizeHint(self) -> QtCore.QSize:
@@ -348,6 +357,10 @@ class MessageWidget(_TintedFrame):
         super().__init__(_user_fill if item.role == "user" else lambda _palette: None, parent)
         self.setObjectName(f"{item.role}Message")
         self._code: list[str] = []
+        # Parts most messages never show are made the first time they are needed (see
+        # _part): a message of an opened chat is built with its role, text and the buttons
+        # of its role only, as every widget more is a cost paid again for each message.
+        self._parts: dict[str, QtWidgets.QWidget] = {}
         layout = QtWidgets.QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
@@ -357,34 +370,10 @@ class MessageWidget(_TintedFrame):
         self.body.citationClicked.connect(self.show_passage)
         layout.addWidget(self.body)
         layout.addWidget(self._build_editor())
-        self.attachments = QtWidgets.QLabel()
-        self.attachments.setObjectName("attachmentNames")
-        self.attachments.setWordWrap(True)
-        self.attachments.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
-        layout.addWidget(_small(self.attachments))
         layout.addWidget(self._build_sources())
-        layout.addWidget(self._build_progress())
-        self.error_box = _TintedFrame(_error_fill)
-        self.error_label = QtWidgets.QLabel()
-        self.error_label.setObjectName("errorLabel")
-        self.error_label.setWordWrap(True)
-        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        error_layout = QtWidgets.QHBoxLayout(self.error_box)
-        error_layout.setContentsMargins(10, 6, 10, 6)
-        error_layout.addWidget(self.error_label)
-        layout.addWidget(self.error_box)
-        self.info = QtWidgets.QLabel()
-        self.info.setObjectName("infoLabel")
-        self.info.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
-        self.continue_button = QtWidgets.QPushButton("Continue")
-        self.continue_button.setObjectName("continueButton")
-        self.continue_button.setToolTip("Carry on writing this reply from where it was cut")
-        self.continue_button.clicked.connect(
-            lambda: self.continueRequested.emit(self.item.message_id))
-        footer = QtWidgets.QHBoxLayout()
-        footer.addWidget(_small(self.info, 0.85), 1)
-        footer.addWidget(_small(self.continue_button))
-        layout.addLayout(footer)
+        self._footer = QtWidgets.QHBoxLayout()  # the info line and Continue, when made
+        layout.addLayout(self._footer)
+        self._column = layout
         self.apply(item)
 
     # -- building ----------------------------------------------------------------------
@@ -399,34 +388,155 @@ class MessageWidget(_TintedFrame):
         self.role_label.setFont(bold)
         header.addWidget(self.role_label)
         header.addStretch(1)
-        self.prev_button = _tool_button("‹", "Previous version", "previousVersionButton")
-        self.version_label = _small(QtWidgets.QLabel())
-        self.version_label.setObjectName("versionLabel")
-        self.next_button = _tool_button("›", "Next version", "nextVersionButton")
-        self.copy_button = _tool_button("Copy", "Copy the message as Markdown", "copyButton")
-        self.copy_code_button = _tool_button("Copy code", "Copy the code block", "copyCodeButton")
+        self._header = header
         self.copy_code_menu: QtWidgets.QMenu | None = None  # made when a reply has 2+ blocks
-        self.regenerate_button = _tool_button("Regenerate", "Write this reply again",
-                                              "regenerateButton")
-        self.edit_button = _tool_button("Edit", "Edit and send again", "editButton")
-        for widget in (self.prev_button, self.version_label, self.next_button,
-                       self.copy_button, self.copy_code_button, self.regenerate_button,
-                       self.edit_button):
-            header.addWidget(widget)
-        self.prev_button.clicked.connect(lambda: self._request_version(-1))
-        self.next_button.clicked.connect(lambda: self._request_version(+1))
-        self.copy_button.clicked.connect(
-            lambda: self.copyRequested.emit(self.item.text, "message"))
-        self.copy_code_button.clicked.connect(self._copy_only_code_block)
-        self.regenerate_button.clicked.connect(
-            lambda: self.regenerateRequested.emit(self.item.message_id))
-        self.edit_button.clicked.connect(self.start_editing)
-        self.regenerate_button.setVisible(self.item.role == "assistant")
-        self.edit_button.setVisible(self.item.role == "user")
-        self._toolbar = (self.prev_button, self.version_label, self.next_button,
-                         self.copy_button, self.copy_code_button, self.regenerate_button,
-                         self.edit_button)
+        self.copy_button = self._part("copy")
+        if self.item.role == "assistant":
+            self._part("regenerate")
+        elif self.item.role == "user":
+            self._part("edit")
         return header
+
+    # -- parts made on first use -------------------------------------------------------
+    # Where each goes: the toolbar's buttons in this order after the role's stretch; the
+    # attachment names under the text (above the sources), the progress and error lines in
+    # this order under the sources, the info line and Continue in the footer.
+
+    _TOOLBAR = ("prev", "version", "next", "copy", "copy_code", "regenerate", "edit")
+    _LINES = ("progress", "error")
+
+    def _part(self, name: str) -> QtWidgets.QWidget:
+        """The part called `name`, made (hidden, unless a toolbar button) and put in its place
+        the first time it is asked for."""
+        widget = self._parts.get(name)
+        if widget is not None:
+            return widget
+        widget = self._parts[name] = getattr(self, f"_make_{name}")()
+        if name in self._TOOLBAR:
+            before = sum(other in self._parts for other in self._TOOLBAR[:self._TOOLBAR.index(name)])
+            self._header.insertWidget(2 + before, widget)  # after the role and the stretch
+        elif name == "attachments":
+            widget.hide()
+            self._column.insertWidget(self._column.indexOf(self.editor_box) + 1, widget)
+        elif name in self._LINES:
+            widget.hide()
+            before = sum(other in self._parts for other in self._LINES[:self._LINES.index(name)])
+            self._column.insertWidget(self._column.indexOf(self.sources_box) + 1 + before, widget)
+        else:  # the footer: the info line, then Continue
+            widget.hide()
+            self._footer.insertWidget(0 if name == "info" else self._footer.count(), widget,
+                                      1 if name == "info" else 0)
+        return widget
+
+    def _made(self, name: str) -> QtWidgets.QWidget | None:
+        return self._parts.get(name)
+
+    def _make_prev(self) -> QtWidgets.QToolButton:
+        button = _tool_button("‹", "Previous version", "previousVersionButton")
+        button.clicked.connect(lambda: self._request_version(-1))
+        return button
+
+    def _make_version(self) -> QtWidgets.QLabel:
+        label = _small(QtWidgets.QLabel())
+        label.setObjectName("versionLabel")
+        return label
+
+    def _make_next(self) -> QtWidgets.QToolButton:
+        button = _tool_button("›", "Next version", "nextVersionButton")
+        button.clicked.connect(lambda: self._request_version(+1))
+        return button
+
+    def _make_copy(self) -> QtWidgets.QToolButton:
+        button = _tool_button("Copy", "Copy the message as Markdown", "copyButton")
+        button.clicked.connect(lambda: self.copyRequested.emit(self.item.text, "message"))
+        return button
+
+    def _make_copy_code(self) -> QtWidgets.QToolButton:
+        button = _tool_button("Copy code", "Copy the code block", "copyCodeButton")
+        button.clicked.connect(self._copy_only_code_block)
+        return button
+
+    def _make_regenerate(self) -> QtWidgets.QToolButton:
+        button = _tool_button("Regenerate", "Write this reply again", "regenerateButton")
+        button.clicked.connect(lambda: self.regenerateRequested.emit(self.item.message_id))
+        button.setVisible(self.item.role == "assistant")
+        return button
+
+    def _make_edit(self) -> QtWidgets.QToolButton:
+        button = _tool_button("Edit", "Edit and send again", "editButton")
+        button.clicked.connect(self.start_editing)
+        button.setVisible(self.item.role == "user")
+        return button
+
+    def _make_attachments(self) -> QtWidgets.QLabel:
+        label = _small(QtWidgets.QLabel())
+        label.setObjectName("attachmentNames")
+        label.setWordWrap(True)
+        label.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        return label
+
+    def _make_progress(self) -> QtWidgets.QWidget:
+        box = QtWidgets.QWidget()
+        row = QtWidgets.QHBoxLayout(box)
+        row.setContentsMargins(0, 0, 0, 0)
+        self._progress_label = _small(QtWidgets.QLabel())
+        self._progress_label.setObjectName("progressLabel")
+        self._progress_label.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        self._busy_bar = QtWidgets.QProgressBar()
+        self._busy_bar.setRange(0, 0)  # indeterminate: the progress text carries the numbers
+        self._busy_bar.setTextVisible(False)
+        self._busy_bar.setFixedSize(80, 6)
+        row.addWidget(self._progress_label)
+        row.addWidget(self._busy_bar)
+        row.addStretch(1)
+        return box
+
+    def _make_error(self) -> QtWidgets.QWidget:
+        box = _TintedFrame(_error_fill)
+        self._error_label = QtWidgets.QLabel()
+        self._error_label.setObjectName("errorLabel")
+        self._error_label.setWordWrap(True)
+        self._error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        error_layout = QtWidgets.QHBoxLayout(box)
+        error_layout.setContentsMargins(10, 6, 10, 6)
+        error_layout.addWidget(self._error_label)
+        return box
+
+    def _make_info(self) -> QtWidgets.QLabel:
+        label = _small(QtWidgets.QLabel(), 0.85)
+        label.setObjectName("infoLabel")
+        label.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        return label
+
+    def _make_continue(self) -> QtWidgets.QPushButton:
+        button = _small(QtWidgets.QPushButton("Continue"))
+        button.setObjectName("continueButton")
+        button.setToolTip("Carry on writing this reply from where it was cut")
+        button.clicked.connect(lambda: self.continueRequested.emit(self.item.message_id))
+        return button
+
+    # What the rest of the app (and the tests) read; asking makes the part.
+    prev_button = property(lambda self: self._part("prev"))
+    version_label = property(lambda self: self._part("version"))
+    next_button = property(lambda self: self._part("next"))
+    copy_code_button = property(lambda self: self._part("copy_code"))
+    regenerate_button = property(lambda self: self._part("regenerate"))
+    edit_button = property(lambda self: self._part("edit"))
+    attachments = property(lambda self: self._part("attachments"))
+    progress_box = property(lambda self: self._part("progress"))
+    progress_label = property(lambda self: (self._part("progress"), self._progress_label)[1])
+    busy_bar = property(lambda self: (self._part("progress"), self._busy_bar)[1])
+    error_box = property(lambda self: self._part("error"))
+    error_label = property(lambda self: (self._part("error"), self._error_label)[1])
+    info = property(lambda self: self._part("info"))
+    continue_button = property(lambda self: self._part("continue"))
+
+    def _show_part(self, name: str, shown: bool) -> QtWidgets.QWidget | None:
+        """The part, shown or hidden; one not made yet is made only to be shown."""
+        widget = self._part(name) if shown else self._made(name)
+        if widget is not None:
+            widget.setVisible(shown)
+        return widget
 
     # A message is built with only what most messages show (role, text, toolbar): the
     # thinking, the sources and the editor are made the first time they are needed, as
@@ -562,22 +672,6 @@ class MessageWidget(_TintedFrame):
             self.passage_box.hide()
             self._shown_passage = 0
 
-    def _build_progress(self) -> QtWidgets.QWidget:
-        self.progress_box = QtWidgets.QWidget()
-        row = QtWidgets.QHBoxLayout(self.progress_box)
-        row.setContentsMargins(0, 0, 0, 0)
-        self.progress_label = _small(QtWidgets.QLabel())
-        self.progress_label.setObjectName("progressLabel")
-        self.progress_label.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
-        self.busy_bar = QtWidgets.QProgressBar()
-        self.busy_bar.setRange(0, 0)  # indeterminate: the progress text carries the numbers
-        self.busy_bar.setTextVisible(False)
-        self.busy_bar.setFixedSize(80, 6)
-        row.addWidget(self.progress_label)
-        row.addWidget(self.busy_bar)
-        row.addStretch(1)
-        return self.progress_box
-
     # -- showing an item ---------------------------------------------------------------
 
     @property
@@ -598,18 +692,19 @@ class MessageWidget(_TintedFrame):
             self.reasoning_toggle.setText(item.reasoning_label)
             if self.reasoning_toggle.isChecked():  # rendered only while shown: it can be long
                 self.reasoning_body.set_markdown(item.reasoning)
-        self.attachments.setText("  ".join(f"▪ {name}" for name in item.attachments))
-        self.attachments.setVisible(bool(item.attachments))
+        if self._show_part("attachments", bool(item.attachments)):
+            self.attachments.setText("  ".join(f"▪ {name}" for name in item.attachments))
         waiting = item.status in (QUEUED, PREFILLING) or (
             item.status == STREAMING and not item.text and not item.reasoning)
-        self.progress_label.setText(item.progress or _WAITING_TEXT.get(item.status, ""))
-        self.progress_box.setVisible(waiting)
-        failed = "Something went wrong." if item.status == ERROR else ""
-        self.error_label.setText(item.error or failed)
-        self.error_box.setVisible(bool(self.error_label.text()))
-        self.info.setText(self._info_text(item))
-        self.info.setVisible(bool(self.info.text()))
-        self.continue_button.setVisible(item.cut and not live and not self.editing)
+        if self._show_part("progress", waiting):
+            self._progress_label.setText(item.progress or _WAITING_TEXT.get(item.status, ""))
+        error = item.error or ("Something went wrong." if item.status == ERROR else "")
+        if self._show_part("error", bool(error)):
+            self._error_label.setText(error)
+        info = self._info_text(item)
+        if self._show_part("info", bool(info)):
+            self.info.setText(info)
+        self._show_part("continue", item.cut and not live and not self.editing)
         self._apply_toolbar(item, live)
 
     @staticmethod
@@ -623,23 +718,28 @@ class MessageWidget(_TintedFrame):
 
     def _apply_toolbar(self, item: MessageItem, live: bool) -> None:
         versions = item.version_count > 1
-        self.version_label.setText(f"{item.version_index + 1}/{item.version_count}")
-        for widget in (self.prev_button, self.version_label, self.next_button):
-            widget.setVisible(versions and not self.editing)
-        self.prev_button.setEnabled(item.version_index > 0 and not live)
-        self.next_button.setEnabled(item.version_index < item.version_count - 1 and not live)
-        self.regenerate_button.setEnabled(not live)
-        # A failed reply offers Retry: the same action, and the failed text stays as a version.
-        failed = item.status == ERROR
-        self.regenerate_button.setText("Retry" if failed else "Regenerate")
-        self.regenerate_button.setToolTip("Send again; the failed reply stays as an earlier "
-                                          "version" if failed else "Write this reply again")
+        if versions or self._made("version") is not None:
+            self.version_label.setText(f"{item.version_index + 1}/{item.version_count}")
+            for widget in (self.prev_button, self.version_label, self.next_button):
+                widget.setVisible(versions and not self.editing)
+            self.prev_button.setEnabled(item.version_index > 0 and not live)
+            self.next_button.setEnabled(item.version_index < item.version_count - 1 and not live)
+        regenerate = self._made("regenerate")
+        if regenerate is not None:
+            regenerate.setEnabled(not live)
+            # A failed reply offers Retry: the same action, and the failed text stays as a
+            # version.
+            failed = item.status == ERROR
+            regenerate.setText("Retry" if failed else "Regenerate")
+            regenerate.setToolTip("Send again; the failed reply stays as an earlier "
+                                  "version" if failed else "Write this reply again")
         self.copy_button.setEnabled(bool(item.text))
         code = code_blocks(item.text)
         if code != self._code:
             self._code = code
-            self._rebuild_code_menu()
-        self.copy_code_button.setVisible(bool(code) and not self.editing)
+            if code or self._made("copy_code") is not None:
+                self._rebuild_code_menu()
+        self._show_part("copy_code", bool(code) and not self.editing)
 
     def _rebuild_code_menu(self) -> None:
         if self.copy_code_menu is not None:
@@ -678,8 +778,9 @@ class MessageWidget(_TintedFrame):
         self.editor.setPlainText(self.item.text)
         self.editor_box.show()
         self.body.hide()
-        for widget in self._toolbar:
-            widget.hide()
+        for widget in self._parts.values():
+            if self._header.indexOf(widget) >= 0:  # the toolbar's buttons
+                widget.hide()
         self.editor.setFocus()
         self.editor.moveCursor(QtGui.QTextCursor.MoveOperation.End)
 
@@ -857,6 +958,9 @@ class MessageView(QtWidgets.QScrollArea):
 
     def _new_widget(self, item: MessageItem) -> MessageWidget:
         widget = MessageWidget(item)
+        # At the column's width from the start: laid out (and its text measured) at a
+        # default 640 px first, it would be measured again at each width on its way here.
+        widget.resize(self._column.width(), widget.height())
         widget.copyRequested.connect(self._copy)
         widget.regenerateRequested.connect(self.regenerateRequested)
         widget.editRequested.connect(self.editRequested)

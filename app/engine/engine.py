@@ -23,6 +23,7 @@ Invariants (docs/ARCHITECTURE.md, "The engine's invariants"):
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import time
 from collections import deque
@@ -38,6 +39,7 @@ from app.engine.kv_disk import KVDiskStore, KVDiskWriter, chain_keys
 from app.engine.kv_pool import PagedBatchView, PagedKVPool
 from app.engine.radix_cache import PagePool, RadixCache
 from app.engine.request import Phase, Request
+from app.engine.thread_tuner import ThreadTuner
 from app.engine.sampling import SamplingParams
 from app.models.loader import LoadedModel
 
@@ -62,6 +64,9 @@ class EngineConfig:
     # Most tokens one conversation may hold (prompt + reply); None = the model's full context.
     # Smaller keeps long prompts quick on a slow machine.
     context_limit: int | None = None
+    # On the CPU, learn from the passes whether all threads or half of them run faster now
+    # (app/engine/thread_tuner.py); off when the user pinned OMP_NUM_THREADS.
+    tune_threads: bool = True
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or self.prefill_chunk < 1 or self.min_interleave_chunk < 1:
@@ -104,7 +109,13 @@ class Engine:
         # Weights in another format waiting to be swapped in between requests (replace_weights).
         self._replacement: tuple[LoadedModel, KVDiskStore | None] | None = None
         self.replacements_handled = 0  # swapped in or refused, for whoever waits on one
+        self.threads = ThreadTuner(
+            torch.get_num_threads() if self._tunes_threads() else 1, torch.set_num_threads)
         self._warm_up()
+
+    def _tunes_threads(self) -> bool:
+        return (self.config.tune_threads and self.loaded.device.type == "cpu"
+                and "OMP_NUM_THREADS" not in os.environ)
 
     @torch.inference_mode()
     def _warm_up(self, small: int = 4, chunk: int = 32) -> None:
@@ -431,6 +442,7 @@ class Engine:
             budget -= len(chunk)
         if not batch:  # everyone is reading pages back from disk this step
             return
+        self.threads.before_pass()
         started = time.perf_counter()
         try:
             logits = self._forward(batch)
@@ -439,7 +451,9 @@ class Engine:
                 events.append(Failed(request.id, f"The model failed: {exc}"))
                 self._release(request, publish=False)
             return
-        self._learn_costs(time.perf_counter() - started, batch, streaming=bool(decoding))
+        seconds = time.perf_counter() - started
+        self.threads.after_pass(sum(len(c) for _, c in batch), seconds)
+        self._learn_costs(seconds, batch, streaming=bool(decoding))
         for (request, chunk), row in zip(batch, logits):
             request.written += len(chunk)
             if request.phase is Phase.PREFILL:

@@ -1,0 +1,112 @@
+"""How many CPU threads the engine's passes use, learned from the passes themselves.
+
+Why: torch's OpenMP threads wait for each other at the end of every parallel region. When
+another program keeps one of the cores busy (a browser, a build, a second model), a thread
+that was descheduled holds up the whole team, and every one of the hundreds of small products
+in a decode pass pays for it. Measured on a 2-core AMD EPYC (AVX-512) while other jobs ran:
+SmolLM2 decoded at 3-10 tok/s on 2 threads and at 39-59 tok/s on 1; on the same machine idle,
+2 threads gave 80 tok/s against 1 thread's ~60. No fixed count is right on a shared machine,
+and the machine's load changes while a chat streams.
+
+So the engine keeps running on its current count and, every so often, runs a few passes on
+the other candidate (`most` threads, or half of them), comparing passes of the same size
+taken back to back. A probe that is clearly slower is cut short, and failed probes space the
+next one out (up to `MAX_EVERY` passes), so a choice that holds costs little to keep checking.
+
+Thread counts change only between passes, on the engine's own thread (torch's intra-op count
+is that thread's setting). Results do not depend on it: torch's CPU kernels split work by
+output rows or columns, never a reduction, so greedy tokens stay the same (tested).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+PROBE_PASSES = 5  # passes run on the other count per probe (the first is not counted)
+FIRST_PROBE = 8  # passes before the first probe: a busy machine is found within a second
+EVERY = 48  # passes between probes after a probe that switched (or at the start)
+MAX_EVERY = 1536  # the longest wait between probes, after many probes that kept the count
+MARGIN = 0.08  # the other count must be this much faster to be taken
+GIVE_UP = 1.6  # a probe pass this many times the current median ends the probe at once
+
+
+class ThreadTuner:
+    """Call `before_pass()` before each forward pass (it applies the count for that pass) and
+    `after_pass(rows, seconds)` after it; `rows` is the pass's token count, so only passes of
+    the same size are compared. `set_threads` is torch.set_num_threads in the engine."""
+
+    def __init__(self, most: int, set_threads: Callable[[int], None]):
+        self.most = max(1, most)
+        self.candidates = sorted({self.most, max(1, self.most // 2)}, reverse=True)
+        self.current = self.most
+        self._set = set_threads
+        self._applied: int | None = None
+        self._every = FIRST_PROBE
+        self._since_probe = 0
+        self._recent: deque[tuple[int, float]] = deque(maxlen=PROBE_PASSES)
+        self._probe: list[float] | None = None  # the probe's timings, while one runs
+        self._probe_rows = 0
+        self.switches = 0  # how often the count changed (for bench and tests)
+        self.probes = 0
+
+    @property
+    def enabled(self) -> bool:
+        return len(self.candidates) > 1
+
+    @property
+    def probing(self) -> bool:
+        return self._probe is not None
+
+    @property
+    def other(self) -> int:
+        return next(c for c in self.candidates if c != self.current)
+
+    def threads_for_pass(self) -> int:
+        return self.other if self.probing else self.current
+
+    def before_pass(self) -> None:
+        if not self.enabled:
+            return  # one candidate: the count is whatever the process set
+        wanted = self.threads_for_pass()
+        if wanted != self._applied:
+            self._set(wanted)
+            self._applied = wanted
+
+    def after_pass(self, rows: int, seconds: float) -> None:
+        if not self.enabled:
+            return
+        if self._probe is not None:
+            self._probe_pass(rows, seconds)
+            return
+        if self._recent and self._recent[-1][0] != rows:
+            self._recent.clear()  # a different pass size: compare like with like
+        self._recent.append((rows, seconds))
+        self._since_probe += 1
+        if self._since_probe >= self._every and len(self._recent) == self._recent.maxlen:
+            self._probe, self._probe_rows, self._since_probe = [], rows, 0
+            self.probes += 1
+
+    def _probe_pass(self, rows: int, seconds: float) -> None:
+        assert self._probe is not None
+        if rows != self._probe_rows:  # the work changed under the probe: try again later
+            self._end_probe(switch=False, spaced=False)
+            return
+        self._probe.append(seconds)
+        baseline = statistics.median(s for _, s in self._recent)
+        counted = self._probe[1:]  # the first pass on a new count pays for waking its threads
+        if counted and counted[-1] > GIVE_UP * baseline:
+            self._end_probe(switch=False)
+        elif len(self._probe) >= PROBE_PASSES:
+            self._end_probe(switch=statistics.median(counted) < baseline * (1 - MARGIN))
+
+    def _end_probe(self, switch: bool, spaced: bool = True) -> None:
+        if switch:
+            self.current = self.other
+            self.switches += 1
+            self._every = EVERY
+        elif spaced:
+            self._every = min(MAX_EVERY, self._every * 2)
+        self._probe = None
+        self._recent.clear()

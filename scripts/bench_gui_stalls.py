@@ -10,7 +10,12 @@ something else (or waited for the GIL). Four scenarios:
      prefilled (sends, chat switches and the drop included)
   c  a 200-message chat is opened (seeded in SQLite through app.storage)
   d  the app relaunches into a long chat (200 messages, ~4,000 tokens), then a follow-up is
-     sent in it
+     sent in it; the heartbeat starts at the new window's first frame (before it nothing is
+     on screen): the time to build the window and to its first frame are reported beside it
+
+Before a-c the engine's background kernel-policy measurement (which starts after a second of
+idleness and takes every core) is waited for, so they measure their own work; d keeps the
+re-check a relaunch runs.
 
     .venv/bin/python scripts/bench_gui_stalls.py                # all four
     .venv/bin/python scripts/bench_gui_stalls.py --only a,c     # some
@@ -21,8 +26,8 @@ something else (or waited for the GIL). Four scenarios:
 profiled) and times every event Qt delivers on it, printing the slowest events and the
 functions with the most cumulative time per scenario; a probe thread that sleeps 1 ms in a
 loop prints, for each time it woke late, where every thread was (a worker holding the GIL
-in a long C call stalls the GUI thread as surely as its own work). Profiling slows the GUI thread down:
-read its gaps as attribution, not as the figures.
+in a long C call stalls the GUI thread as surely as its own work). Profiling slows the GUI
+thread down: read its gaps as attribution, not as the figures.
 """
 
 from __future__ import annotations

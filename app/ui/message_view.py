@@ -843,9 +843,14 @@ class MessageView(QtWidgets.QScrollArea):
     def _warm_up() -> None:
         """Build and drop one message widget of each role now, at start-up: the first ones
         cost ~80 ms (PySide creates its flag-enum combinations lazily), which would
-        otherwise be a visible stall at the first send."""
+        otherwise be a visible stall at the first send. Every part made on first use is made
+        here too, for the same reason."""
         for role in ("user", "assistant"):
-            MessageWidget(MessageItem(-1, role, "warm-up\n\n```\ncode\n```")).deleteLater()
+            widget = MessageWidget(MessageItem(-1, role, "warm-up\n\n```\ncode\n```"))
+            for name in (*MessageWidget._TOOLBAR, "attachments", *MessageWidget._LINES,
+                         "info", "continue"):
+                widget._part(name)
+            widget.deleteLater()
 
     def _build_page(self) -> None:
         page = QtWidgets.QWidget()

@@ -470,7 +470,7 @@ class Measurement:
     decode_spread: dict[str, float] = field(default_factory=dict)
     prefill_spread: dict[str, float] = field(default_factory=dict)
     stalled: float = 0.0
-    stall_ms: float = 0.0
+    stall_ms: float = 0.0  # the median wake-up of the stalled probes
     timed_once: tuple[str, ...] = ()  # kinds cut after the first repetition (SLOW_CUT)
 
 
@@ -556,7 +556,8 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
     once = tuple(k for k in timed if k not in active_d and k not in active_p)
     return Measurement(decode_ms, prefill_ms, decode_spread, prefill_spread,
                        round(sum(p > STALL_MS for p in probes) / max(len(probes), 1), 3),
-                       round(statistics.median(probes), 4) if probes else 0.0, once)
+                       round(statistics.median([p for p in probes if p > STALL_MS] or [0.0]), 3),
+                       once)
 
 
 def _figures(shapes: ModelShapes, samples: dict[str, list[dict]], prefill: bool
@@ -645,8 +646,8 @@ def unusable(m: Measurement) -> str | None:
     """Why a measurement's figures cannot be acted on (None: they can): its threads stalled
     (see the module docstring's stall rule)."""
     if m.stalled > STALLED_MAX:
-        return (f"the threads waited for other programs in {m.stalled:.0%} of the timings "
-                f"(waking them took {m.stall_ms:.1f} ms, normally microseconds)")
+        return (f"the threads waited for cores other programs held in {m.stalled:.0%} of the "
+                f"timings (waking them took {m.stall_ms:.1f} ms there, normally microseconds)")
     return None
 
 

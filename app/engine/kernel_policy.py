@@ -501,7 +501,8 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
     """Time `kinds` for decode (and `prefill_kinds`, by default those of `kinds` that are
     prefill candidates, for prefill) interleaved: each of `reps` repetitions times every
     kind once, in an order rotated per repetition (a burst of load hits every kind alike),
-    after probing the threads' wake-up (`_probe_ms`); a kind's figure is its median. None when
+    after probing the threads' wake-up (`_probe_ms`; when more than `STALLED_MAX` of the first
+    repetition's probes stalled, it stops there); a kind's figure is its median. None when
     `busy()` turns true between timings (the engine got work): such a measurement would be
     disturbed, and the engine must not wait for it.
 
@@ -551,6 +552,8 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
                     fastest = min(first.values(), default=0.0)
                     active -= {k for k, ms in first.items() if ms > SLOW_CUT * fastest
                                and k != DEFAULT}
+                if sum(p > STALL_MS for p in probes) > STALLED_MAX * len(probes):
+                    break  # stalled already: unusable whatever follows (each stall costs ms)
     decode_ms, decode_spread = _figures(shapes, samples_d, False)
     prefill_ms, prefill_spread = _figures(shapes, samples_p, True)
     once = tuple(k for k in timed if k not in active_d and k not in active_p)

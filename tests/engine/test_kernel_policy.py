@@ -95,7 +95,10 @@ def test_a_real_measurement_times_every_kind_interleaved():
     assert all(ms > 0 for ms in [*m.decode_ms.values(), *m.prefill_ms.values()])
     # The first repetition times every kind once, later ones every kind that can still win.
     assert kp.DEFAULT not in m.timed_once
-    assert len(order) == len(kp.KINDS) + 2 * (len(kp.KINDS) - len(m.timed_once))
+    if m.stalled > kp.STALLED_MAX:  # a machine whose cores are taken: it stops after one
+        assert len(order) == len(kp.KINDS)
+    else:
+        assert len(order) == len(kp.KINDS) + 2 * (len(kp.KINDS) - len(m.timed_once))
     assert all(s >= 0 for s in m.decode_spread.values())
     assert 0 <= m.stalled <= 1 and (m.stall_ms > kp.STALL_MS) == (m.stalled > 0)
 

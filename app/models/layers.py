@@ -165,6 +165,15 @@ def weights_transposed(device: torch.device, dtype: torch.dtype) -> bool:
 
 _HALF_ROWS_MAX = 12
 _DUAL_NARROW_ROWS_MAX = 2
+# Products of up to this many rows use a 4-bit weight's packed planes, more use its float copy
+# (`wide`, when the policy measured a float kernel faster for a prefill). The 4-bit kernel's
+# cost grows with the rows while a float product of a few rows costs what one row does (it
+# reads the weight once), so they cross past a handful of rows. Measured on a 2-core AVX-512
+# EPYC (576x1536, 2 threads; 4-bit / bfloat16 / float32 in us): 1 row 38/64/73, 4 rows
+# 58/109/188, 8 rows 114/140/204, 16 rows 204/182/288. At 2, four chats streaming together
+# went through the float copy: SmolLM2 4 streams 78-83 tok/s, 138-143 at 8. On CPUs without
+# fast bfloat16 products (AVX2) the float side is slower still.
+_INT4_NARROW_ROWS_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -336,7 +345,7 @@ class WeightFormat:
                 rows = RawTensor(w.data.clone(), w.ggml_type, w.shape) if keep_rows else None
                 return QuantizedWeight(planes, w.shape[0], w.shape[1],
                                        self.int4_act_dtype, wide=wide,
-                                       narrow_rows_max=_DUAL_NARROW_ROWS_MAX, rows=rows)
+                                       narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=rows)
             w = w.dequantize()
         if self.wide_dtype is not None and many_rows:
             return DualWeight(w.to(self.dtype), w.to(self.wide_dtype))

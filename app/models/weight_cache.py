@@ -22,7 +22,7 @@ from gguf.constants import GGMLQuantizationType
 from app.models.layers import DualWeight, WeightFormat
 from app.models.quantized import Int4Plane, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: 4-bit weights use their planes up to 8 rows (was 2)
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:

@@ -111,14 +111,14 @@ def test_switching_threads_mid_reply_changes_no_token(smollm2_model_path, monkey
     monkeypatch.setattr(thread_tuner, "GIVE_UP", 1e9)
     torch.set_num_threads(2)
     loaded = load_on(smollm2_model_path, "cpu", "int4", measure=False)
-    greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    prompts = {f"r{i}": ([1] + [200 + 37 * i + j for j in range(20 + 9 * i)], greedy) for i in range(3)}
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = {f"r{i}": ([1] + [200 + 37 * i + j for j in range(20 + 9 * i)], greedy) for i in range(2)}
     try:
         results = {}
         for tune in (False, True):
             engine = Engine(loaded, EngineConfig(kv_tokens=2048, tune_threads=tune))
             results[tune] = {rid: tokens_of(ev) for rid, ev in run(engine, prompts).items()}
-        assert engine.threads.switches >= 3  # the counts really changed while replies ran
+        assert engine.threads.switches >= 2  # the counts really changed while replies ran
         assert results[True] == results[False]
     finally:
         torch.set_num_threads(2)

@@ -44,6 +44,8 @@ from app.ui.trash_actions import TrashActions
 from app.ui.trash_dialog import TrashDialog
 from app.ui.view_models import COMPLETE, ERROR, STREAMING, MessageItem
 
+COUNT_DELAY_MS = 400  # after a chat is opened, before its tokens are counted for the meter
+
 
 class ChatController(QObject, ModelActions, DocumentActions, DialogActions, TrashActions,
                      TitleActions):
@@ -305,8 +307,15 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._update_send_state()
         self._show_speed(chat_id, items)
         if chat_id not in self._last_usage:
-            self._count_chat(chat_id)
+            # Counted a moment later: the worker's template rendering and tokenizing compete
+            # with the GUI thread for the interpreter and the cores while the chat's first
+            # messages are laid out (scripts/bench_gui_stalls.py c).
+            QTimer.singleShot(COUNT_DELAY_MS, self, lambda: self._count_if_shown(chat_id))
         self._update_context_meter()
+
+    def _count_if_shown(self, chat_id: int) -> None:
+        if chat_id == self.current_chat_id and chat_id not in self._last_usage:
+            self._count_chat(chat_id)
 
     def _show_speed(self, chat_id: int, items: list[MessageItem]) -> None:
         """The tok/s of this chat's last reply; nothing for a chat without one."""

@@ -297,7 +297,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.window.chat_title.setText(chat.title)
         # Every message's place among its versions from one read of the chat (a query per
         # message was ~15 ms of GUI-thread time for 200 messages, scripts/bench_gui_stalls.py c).
-        places = version_places(self.store.chat_messages(chat_id))
+        places = self.store.version_places(chat_id)
         items = [self._item_for(m, places.get(m.id)) for m in self.store.active_path(chat_id)]
         view = self.window.message_view
         view.set_messages(items)
@@ -347,7 +347,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
 
     def _item_for(self, message, place: tuple[int, int] | None = None) -> MessageItem:
         """The view's item for a stored message; `place` (index among its versions, how
-        many) when the caller read it already (see version_places)."""
+        many) when the caller read it already (ChatStore.version_places)."""
         if place is None:
             versions = self.store.versions(message.id)
             place = (versions.index, versions.count)
@@ -716,13 +716,3 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self.bridge.shutdown()
         self.connections.close()
 
-
-def version_places(messages) -> dict[int, tuple[int, int]]:
-    """Message id -> (index among its versions, how many) for the messages of one chat in
-    order of creation: versions are the messages of the same role under the same parent, as
-    ChatStore.versions() counts them."""
-    groups: dict[tuple[int | None, str], list[int]] = {}
-    for message in messages:
-        groups.setdefault((message.parent_id, message.role), []).append(message.id)
-    return {message_id: (index, len(ids))
-            for ids in groups.values() for index, message_id in enumerate(ids)}

@@ -1,8 +1,7 @@
-"""version_places (app/ui/controller.py): every message's place among its versions from one
-read of the chat, as ChatStore.versions() gives it one message at a time."""
+"""ChatStore.version_places: every message's place among its versions from one read of the
+chat, as ChatStore.versions() gives it one message at a time."""
 
 from app.storage import ChatStore
-from app.ui.controller import version_places
 
 
 def test_version_places_match_the_store_for_every_message(tmp_path):
@@ -18,7 +17,7 @@ def test_version_places_match_the_store_for_every_message(tmp_path):
         other = store.create_chat("another chat")
         store.add_message(other.id, "user", "not counted")
 
-        places = version_places(store.chat_messages(chat.id))
+        places = store.version_places(chat.id)
         every = store.chat_messages(chat.id)
         assert set(places) == {m.id for m in every}
         for message in every:

@@ -211,7 +211,9 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
     weight is upcast instead.
     """
     if isinstance(w, QuantizedWeight):
-        return int4_linear(x, w)
+        if w.wide is None or x.numel() // x.shape[-1] <= w.narrow_rows_max:
+            return int4_linear(x, w)
+        w, transposed = w.wide, False  # many rows: its float copy [out, in], as any float weight
     if isinstance(w, DualWeight):  # both copies are [out, in], whatever the format's layout
         w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
         transposed = False

@@ -241,19 +241,10 @@ def quantize_synthetic(w: torch.Tensor) -> Int4Form:
 
 
 def int4_linear(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
-    """x [..., in] -> [..., out] in x's dtype."""
+    """x [..., in] -> [..., out] in x's dtype, on the packed planes (`layers.linear` sends
+    products of more than `narrow_rows_max` rows to the float copy instead)."""
     lead = x.shape[:-1]
     flat = x.reshape(-1, x.shape[-1])
-    if w.wide is not None and flat.shape[0] > w.narrow_rows_max:
-        wide = w.wide
-        if wide.dtype == torch.float16 and wide.device.type == "cpu" and flat.dtype != wide.dtype:
-            # As `layers.linear` does: torch's many-row float16 product on the CPU is slow
-            # (512 x 576 x 1536: 48 ms against 9 ms upcasting the weight), and the measured
-            # policy timed float16 prefill that way.
-            out = torch.nn.functional.linear(flat, wide.to(flat.dtype))
-        else:
-            out = torch.nn.functional.linear(flat.to(wide.dtype), wide)
-        return out.to(x.dtype).view(*lead, w.out_features)
     a = flat.to(w.act_dtype)
     first, *rest = w.planes
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, first.packed, INT4_GROUP, first.scale_zeros)

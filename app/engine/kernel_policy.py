@@ -729,11 +729,6 @@ def check(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None =
     return judge(policy, m)
 
 
-def validate(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None = None) -> str:
-    """`check`'s verdict alone: HOLDS, CHANGED, UNCLEAR or INTERRUPTED."""
-    return check(policy, shapes, busy)[0]
-
-
 def judge(policy: Policy, m: Measurement) -> tuple[str, str]:
     """A re-timing's verdict on a cached policy (see `check`), and what was seen."""
     stalled = unusable(m)

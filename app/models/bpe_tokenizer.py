@@ -148,9 +148,10 @@ class BPETokenizer(VocabTokenizer):
         # 49k-entry vocabulary and merge list took ~75 ms of Python loops, run while the
         # window is up).
         pairs = [tuple(merge.split(" ", 1)) for merge in merges]
-        if not all(len(pair) == 2 and pair[0] and pair[1] for pair in pairs):
-            i = next(i for i, pair in enumerate(pairs) if len(pair) != 2 or not pair[0] or not pair[1])
-            raise ModelError(f"{bad}: merge #{i} ({merges[i]!r}) is not two tokens.")
+        broken = next((i for i, pair in enumerate(pairs)
+                       if len(pair) != 2 or not pair[0] or not pair[1]), None)
+        if broken is not None:
+            raise ModelError(f"{bad}: merge #{broken} ({merges[broken]!r}) is not two tokens.")
         # A token listed twice keeps its first id (reversed: the first one is written last).
         vocab = dict(zip(reversed(tokens), range(n - 1, -1, -1)))
         try:

@@ -245,7 +245,7 @@ def test_validation_re_times_every_decode_kind_and_three_prefill_kinds_and_expir
     verdict, detail = kp.check(policy, TINY, busy=lambda: False)
     assert verdict in (kp.HOLDS, kp.CHANGED, kp.UNCLEAR) and detail
     assert asked == [(list(kp.KINDS), ["bfloat16", "float16", "int4_bf16"], kp.VALIDATE_REPS)]
-    assert kp.validate(policy, TINY, busy=lambda: True) == kp.INTERRUPTED
+    assert kp.check(policy, TINY, busy=lambda: True)[0] == kp.INTERRUPTED
     policy.measured_at -= (kp.MAX_AGE_DAYS + 1) * 86_400
     asked.clear()
     assert kp.check(policy, TINY)[0] == kp.CHANGED

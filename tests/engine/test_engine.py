@@ -262,6 +262,41 @@ def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
     assert doc and doc[-1].done < 1500  # the rest of the pass went to the document
 
 
+def test_short_prompts_run_whole_beside_a_stream_and_a_document_keeps_its_pace(tiny):
+    """While a stream runs, prompts of at most `short_prompt_tokens` new tokens are prefilled
+    whole in the next pass (together at most `prefill_chunk`); a document beside them moves
+    at the interleaved pace, and the stream still gets its token every pass."""
+    engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
+                         short_prompt_tokens=24)
+    engine.submit(prompt(10), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+                  request_id="stream")
+    while not any(isinstance(e, Token) for e in engine.step()):
+        pass
+    engine.submit(prompt(300, seed=9), GREEDY, request_id="doc")
+    for i in range(4):  # 4 x 20 tokens: three fit the 64-token share whole, the fourth waits
+        engine.submit(prompt(20, seed=10 + i), GREEDY, request_id=f"short{i}")
+    events = engine.step()
+    firsts = {e.request_id for e in events if isinstance(e, Token)}
+    assert firsts == {"stream", "short0", "short1", "short2"}
+    doc = [e.done for e in events if isinstance(e, PrefillProgress) and e.request_id == "doc"]
+    assert doc and doc[-1] <= 8  # the document took the interleaved chunk, no more
+    events = engine.step()
+    assert {"stream", "short3"} <= {e.request_id for e in events if isinstance(e, Token)}
+
+
+def test_short_prompt_tokens_zero_interleaves_every_prompt(tiny):
+    engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
+                         short_prompt_tokens=0)
+    engine.submit(prompt(10), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+                  request_id="stream")
+    while not any(isinstance(e, Token) for e in engine.step()):
+        pass
+    engine.submit(prompt(20, seed=3), GREEDY, request_id="short")
+    events = engine.step()
+    progress = [e.done for e in events if isinstance(e, PrefillProgress) and e.request_id == "short"]
+    assert progress[-1] == 8  # the interleaved chunk only (after admission's 0)
+
+
 def test_weights_in_another_format_are_swapped_in_between_requests(tokenizer):
     """The policy tuner's swap: a request running when new weights arrive finishes on the old
     ones; the next runs on the new ones, with no prefix cached from the old weights."""

@@ -8,7 +8,8 @@ and leaves the position alone once the person has scrolled up.
 
 The GUI thread's work stays bounded however long a chat is: opening one builds the widgets
 of its newest messages only; older ones are built a slice at a time while the event loop
-runs, as the person scrolls up to them.
+runs, as the person scrolls up to them, into a blank reserve of their estimated height (so
+the scroll bar spans the whole chat at once, and building one moves nothing on screen).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ MAX_FLUSH_INTERVAL_MS = 250  # should an update grow expensive: never less than 
 # filled; scrolling near the top builds PAGE_BUILD more. One per turn: a widget costs a few
 # ms to build and its layout and paint pass as much again, so a turn that built several
 # (the old 6 ms budget) stalled the GUI thread 20-30 ms (scripts/bench_gui_stalls.py c).
+# The messages not built yet are stood in for by one blank reserve of their estimated
+# height above the built ones; a message built takes its height out of the reserve, so
+# nothing below it moves, the scroll range stays put, and nothing on screen is repainted
+# (moving every built message down, then the scroll bar back, repainted the whole view
+# and the scroll bar for each message built).
 SYNC_BUILD = 4
 OPEN_TAIL = 10
 PAGE_BUILD = 8
@@ -874,6 +880,13 @@ class MessageView(QtWidgets.QScrollArea):
         self.placeholder.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
         self.placeholder.setContentsMargins(0, 48, 0, 0)
         self._layout.addWidget(self.placeholder)
+        # Stands in for the messages not built yet (see _reserve_height); shown only while
+        # some are left and it is taller than nothing.
+        self._reserve = QtWidgets.QWidget()
+        self._reserve.setObjectName("unbuiltMessages")
+        self._reserve.setFixedHeight(0)
+        self._reserve.hide()
+        self._layout.addWidget(self._reserve)
         self._layout.addStretch(1)
         self.setWidget(page)
 
@@ -892,12 +905,14 @@ class MessageView(QtWidgets.QScrollArea):
             widget.deleteLater()
         self._widgets.clear()
         self._anchor = None
+        self._set_reserve(0)
         self._items = list(items)
         self._index = {item.message_id: i for i, item in enumerate(self._items)}
         self._built_from = len(self._items)
         self._wanted_from = max(0, len(self._items) - OPEN_TAIL)
         while self._built_from > max(0, len(self._items) - SYNC_BUILD):
             self._build_older()
+        self._set_reserve(self._reserve_height(self._items[:self._built_from]))
         self._update_placeholder()
         self._follow = True
         self.scroll_to_bottom()
@@ -981,12 +996,39 @@ class MessageView(QtWidgets.QScrollArea):
 
     def _build_older(self) -> None:
         """Build the widget of the newest message that has none (or place the one built
-        already, see _build_some), above the built ones."""
+        already, see _build_some), above the built ones, taking its room out of the reserve."""
         self._built_from -= 1
         item = self._items[self._built_from]
         widget = self._widgets.get(item.message_id) or self._new_widget(item)
-        self._layout.insertWidget(1, widget)  # after the placeholder
+        self._layout.insertWidget(2, widget)  # after the placeholder and the reserve
         widget.show()
+        if self._reserve.isVisible():
+            # What the layout will give it: nothing below moves while the reserve lasts. The
+            # last message built takes the whole rest (an estimate is never exact).
+            taken = widget.heightForWidth(self._column.width()) + self._layout.spacing()
+            self._set_reserve(self._reserve.height() - taken if self._built_from else 0)
+
+    # -- the reserve for messages not built yet ------------------------------------------
+
+    def _reserve_height(self, items: Sequence[MessageItem]) -> int:
+        """About how tall `items` will be as message widgets at the column's width, spacing
+        included: lines of text at the font's average character width (a code line, a
+        blank line and a wrapped line alike are a line), plus the header and margins."""
+        metrics = self.fontMetrics()
+        width = self._column.width() or MAX_TEXT_WIDTH
+        per_line = max(20, (width - 2 * 12 - 4) // max(1, metrics.averageCharWidth()))
+        line = metrics.lineSpacing()
+        frame = 8 + 8 + 4 + 4 + max(line, 22)  # margins, spacing, document margin, header
+        total = 0
+        for item in items:
+            lines = sum(1 + len(text) // per_line for text in item.text.split("\n"))
+            total += frame + lines * line + self._layout.spacing()
+        return total
+
+    def _set_reserve(self, height: int) -> None:
+        height = max(0, height)
+        self._reserve.setFixedHeight(height)
+        self._reserve.setVisible(height > 0 and self._built_from > 0)
 
     def _build_some(self) -> None:
         """One slice of building older messages (the timer calls this): half a message.
@@ -998,15 +1040,16 @@ class MessageView(QtWidgets.QScrollArea):
             widget = self._widgets[self._items[self._built_from].message_id]
             self._anchor = (widget, widget.mapTo(self.viewport(), QtCore.QPoint(0, 0)).y())
             widget.installEventFilter(self)  # its moves (the layout's passes) re-anchor
-        if self._built_from <= self._wanted_from:
-            return
-        item = self._items[self._built_from - 1]
-        if item.message_id not in self._widgets:
-            self._new_widget(item)  # not in the layout yet; placed on the next turn
-        else:
-            self._build_older()
+        if self._built_from > self._wanted_from:
+            item = self._items[self._built_from - 1]
+            if item.message_id not in self._widgets:
+                self._new_widget(item)  # not in the layout yet; placed on the next turn
+            else:
+                self._build_older()
         if self._built_from > self._wanted_from:
             self._build_timer.start()
+        elif self._built_from > 0 and self.verticalScrollBar().value() < self._near_top():
+            self._want_older()  # the view still reaches into the reserve: carry on
 
     def _want_older(self) -> None:
         """Near the top of what is built: build a page more of the older messages."""
@@ -1066,5 +1109,8 @@ class MessageView(QtWidgets.QScrollArea):
         return super().eventFilter(watched, event)
 
     def _near_top(self) -> int:
-        return self.viewport().height()
+        """Scrolled above this, the view is within a screen of the oldest message built
+        (the reserve for the others is above it): older ones are wanted."""
+        top = self._reserve.height() if self._reserve.isVisible() else 0
+        return top + self.viewport().height()
 

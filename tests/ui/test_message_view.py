@@ -424,3 +424,34 @@ def test_building_older_messages_keeps_what_the_person_reads_in_place(view, qtbo
     qtbot.waitUntil(lambda: view.built_count() > built)
     qtbot.waitUntil(lambda: not view._build_timer.isActive())
     assert widget.mapTo(view.viewport(), QtCore.QPoint(0, 0)).y() == on_screen
+
+
+def test_messages_not_built_yet_have_room_reserved_so_building_moves_nothing_below(view, qtbot):
+    view.set_messages(long_chat(200))
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    qtbot.waitUntil(lambda: not view._build_timer.isActive())
+    page = view.widget()
+    built = view.built_count()
+    oldest = view.message_widget(200 - built)
+    built_top = oldest.mapTo(page, QtCore.QPoint(0, 0)).y()
+    assert built_top > 5 * (page.height() - built_top)  # the range spans the whole chat at once
+    place, maximum = oldest.mapTo(page, QtCore.QPoint(0, 0)).y(), bar.maximum()
+    bar.setValue(built_top - 10)  # up to the oldest built: older ones are built above it
+    qtbot.waitUntil(lambda: view.built_count() >= built + 8)
+    assert oldest.mapTo(page, QtCore.QPoint(0, 0)).y() == place  # nothing below moved
+    assert bar.maximum() == maximum
+
+
+def test_scrolled_to_the_top_every_message_is_built_and_the_reserve_is_gone(view, qtbot):
+    chat = long_chat(60)
+    view.set_messages(chat)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    bar.setValue(0)  # once: building carries on while the view reaches into the reserve
+    qtbot.waitUntil(lambda: view.built_count() == 60, timeout=20000)
+    qtbot.waitUntil(lambda: not view._build_timer.isActive())
+    first = view.message_widget(0)
+    layout = view.widget().layout()
+    assert first.mapTo(view.widget(), QtCore.QPoint(0, 0)).y() == layout.contentsMargins().top()
+    assert first.body.markdown() == chat[0].text

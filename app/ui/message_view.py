@@ -465,13 +465,15 @@ class MessageWidget(_TintedFrame):
     def _make_regenerate(self) -> QtWidgets.QToolButton:
         button = _tool_button("Regenerate", "Write this reply again", "regenerateButton")
         button.clicked.connect(lambda: self.regenerateRequested.emit(self.item.message_id))
-        button.setVisible(self.item.role == "assistant")
+        if self.item.role != "assistant":
+            button.hide()  # never show() here: with no parent yet it would open as a window
         return button
 
     def _make_edit(self) -> QtWidgets.QToolButton:
         button = _tool_button("Edit", "Edit and send again", "editButton")
         button.clicked.connect(self.start_editing)
-        button.setVisible(self.item.role == "user")
+        if self.item.role != "user":
+            button.hide()  # never show() here: with no parent yet it would open as a window
         return button
 
     def _make_attachments(self) -> QtWidgets.QLabel:

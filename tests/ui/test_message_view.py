@@ -455,3 +455,24 @@ def test_scrolled_to_the_top_every_message_is_built_and_the_reserve_is_gone(view
     layout = view.widget().layout()
     assert first.mapTo(view.widget(), QtCore.QPoint(0, 0)).y() == layout.contentsMargins().top()
     assert first.body.markdown() == chat[0].text
+
+
+def test_building_a_message_opens_no_window_for_its_parts(qtbot):
+    shown_as_windows = []
+
+    class Spy(QtCore.QObject):
+        def eventFilter(self, watched, event):
+            if event.type() == QtCore.QEvent.Type.Show and watched.isWidgetType() \
+                    and watched.isWindow():
+                shown_as_windows.append(watched.objectName())
+            return False
+
+    spy = Spy()
+    QtWidgets.QApplication.instance().installEventFilter(spy)
+    try:
+        for role in ("user", "assistant"):
+            widget = MessageWidget(MessageItem(1, role, "Some text\n\n```\ncode\n```"))
+            qtbot.addWidget(widget)
+    finally:
+        QtWidgets.QApplication.instance().removeEventFilter(spy)
+    assert shown_as_windows == []

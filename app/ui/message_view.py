@@ -1014,18 +1014,17 @@ class MessageView(QtWidgets.QScrollArea):
 
     def _reserve_height(self, items: Sequence[MessageItem]) -> int:
         """About how tall `items` will be as message widgets at the column's width, spacing
-        included: lines of text at the font's average character width (a code line, a
-        blank line and a wrapped line alike are a line), plus the header and margins."""
+        included: a line per line break and per line's worth of characters at the font's
+        average character width (a code line, a blank line and a wrapped line alike are a
+        line; C-level counts, as it reads every message of the chat), plus the header and
+        margins."""
         metrics = self.fontMetrics()
         width = self._column.width() or MAX_TEXT_WIDTH
         per_line = max(20, (width - 2 * 12 - 4) // max(1, metrics.averageCharWidth()))
         line = metrics.lineSpacing()
         frame = 8 + 8 + 4 + 4 + max(line, 22)  # margins, spacing, document margin, header
-        total = 0
-        for item in items:
-            lines = sum(1 + len(text) // per_line for text in item.text.split("\n"))
-            total += frame + lines * line + self._layout.spacing()
-        return total
+        lines = sum(item.text.count("\n") + 1 + len(item.text) // per_line for item in items)
+        return len(items) * (frame + self._layout.spacing()) + lines * line
 
     def _set_reserve(self, height: int) -> None:
         height = max(0, height)

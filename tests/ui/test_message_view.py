@@ -411,19 +411,27 @@ def test_an_update_to_a_message_not_built_yet_is_shown_once_it_is(view, qtbot):
     assert view.message_widget(1).body.markdown() == "Changed while out of view"
 
 
-def test_building_older_messages_keeps_what_the_person_reads_in_place(view, qtbot):
-    view.set_messages(long_chat(60))
+@pytest.mark.parametrize("reserve", ["as estimated", "too small", "too large"])
+def test_building_older_messages_keeps_what_the_person_reads_in_place(view, qtbot, reserve):
+    view.set_messages(long_chat(16))
     bar = view.verticalScrollBar()
     qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
     qtbot.waitUntil(lambda: not view._build_timer.isActive())
-    oldest = view.message_ids()[60 - view.built_count()]
-    widget = view.message_widget(oldest)
-    bar.setValue(5)  # near the top: older messages are built above
+    assert 16 - message_view.PAGE_BUILD <= view.built_count() < 16  # a page more builds all
+    # The estimate of the messages not built yet is never exact: whether their reserve runs
+    # out (what is built then moves the rest down) or is left over when the last is built
+    # (what was built moves up), the message read stays where it is on screen.
+    if reserve != "as estimated":
+        maximum = bar.maximum()
+        view._set_reserve(0 if reserve == "too small" else view._reserve.height() + 2000)
+        qtbot.waitUntil(lambda: bar.maximum() != maximum and bar.value() == bar.maximum())
+    widget = view.message_widget(view.message_ids()[16 - view.built_count()])
+    bar.setValue(widget.mapTo(view.widget(), QtCore.QPoint(0, 0)).y() - 20)  # read the oldest
     on_screen = widget.mapTo(view.viewport(), QtCore.QPoint(0, 0)).y()
-    built = view.built_count()
-    qtbot.waitUntil(lambda: view.built_count() > built)
+    qtbot.waitUntil(lambda: view.built_count() == 16)  # older messages are built above it
     qtbot.waitUntil(lambda: not view._build_timer.isActive())
     assert widget.mapTo(view.viewport(), QtCore.QPoint(0, 0)).y() == on_screen
+    assert not view._reserve.isVisible()
 
 
 def test_messages_not_built_yet_have_room_reserved_so_building_moves_nothing_below(view, qtbot):

@@ -912,9 +912,14 @@ class MessageView(QtWidgets.QScrollArea):
         self._index = {item.message_id: i for i, item in enumerate(self._items)}
         self._built_from = len(self._items)
         self._wanted_from = max(0, len(self._items) - OPEN_TAIL)
+        self._set_reserve(self._reserve_height(self._items))
+        if self._reserve.isVisible() and not self.verticalScrollBar().isVisible():
+            # Lay the page out now: the scroll bar the reserve needs appears, and the
+            # messages built next are built at the width they keep (built at the width
+            # without it, each was laid out again in the first frame).
+            QtWidgets.QApplication.sendPostedEvents(None, QtCore.QEvent.Type.LayoutRequest.value)
         while self._built_from > max(0, len(self._items) - SYNC_BUILD):
             self._build_older()
-        self._set_reserve(self._reserve_height(self._items[:self._built_from]))
         self._update_placeholder()
         self._follow = True
         self.scroll_to_bottom()

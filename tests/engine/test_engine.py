@@ -262,24 +262,30 @@ def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
     assert doc and doc[-1].done < 1500  # the rest of the pass went to the document
 
 
+def engine_with_a_stream(model, **overrides) -> Engine:
+    """An engine whose request "stream" has sampled its first token (so it is decoding)."""
+    engine = make_engine(model, min_interleave_chunk=8, interleave_ratio=1.0, **overrides)
+    engine.submit(prompt(10), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+                  request_id="stream")
+    while not any(isinstance(e, Token) for e in engine.step()):
+        pass
+    return engine
+
+
+def prefill_done(events, request_id: str) -> list[int]:
+    """Prompt tokens done, per PrefillProgress event of `request_id` in `events`."""
+    return [e.done for e in events if isinstance(e, PrefillProgress) and e.request_id == request_id]
+
+
 def test_short_prompts_run_whole_beside_a_stream_and_a_document_keeps_its_pace(tiny):
     """While a stream runs, prompts of at most `short_prompt_tokens` new tokens are prefilled
     whole in the next pass (together at most `prefill_chunk`); what does not fit, and a
     document, share the interleaved chunk (shortest first); the stream gets its token every
     pass."""
-    engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
-                         short_prompt_tokens=24)
-    engine.submit(prompt(10), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
-                  request_id="stream")
-    while not any(isinstance(e, Token) for e in engine.step()):
-        pass
+    engine = engine_with_a_stream(tiny, prefill_chunk=64, short_prompt_tokens=24)
     engine.submit(prompt(300, seed=9), GREEDY, request_id="doc")
     for i in range(4):  # 4 x 20 tokens: three fit the 64-token share whole
         engine.submit(prompt(20, seed=10 + i), GREEDY, request_id=f"short{i}")
-
-    def done(events, rid):
-        return [e.done for e in events if isinstance(e, PrefillProgress) and e.request_id == rid]
-
     # The interleaved chunk is steered from timed passes; set it, as the steering would, so
     # the shares below do not depend on this machine's timing (passes that ran short
     # prompts whole do not steer it).
@@ -287,26 +293,20 @@ def test_short_prompts_run_whole_beside_a_stream_and_a_document_keeps_its_pace(t
     events = engine.step()
     firsts = {e.request_id for e in events if isinstance(e, Token)}
     assert firsts == {"stream", "short0", "short1", "short2"}
-    assert done(events, "short3")[-1] == 8  # the fourth took the interleaved chunk
-    assert done(events, "doc") == [0]  # admitted; its turn comes after the shorter prompt
+    assert prefill_done(events, "short3")[-1] == 8  # the fourth took the interleaved chunk
+    assert prefill_done(events, "doc") == [0]  # admitted; its turn comes after the shorter prompt
     events = engine.step()
     assert {"stream", "short3"} <= {e.request_id for e in events if isinstance(e, Token)}
-    assert done(events, "doc")[-1] == 8  # the interleaved chunk, not the whole
+    assert prefill_done(events, "doc")[-1] == 8  # the interleaved chunk, not the whole
 
 
 def test_short_prompt_tokens_zero_interleaves_every_prompt(tiny):
     # prefill_chunk 16 caps the steered chunk below the 20-token prompt.
-    engine = make_engine(tiny, prefill_chunk=16, min_interleave_chunk=8, interleave_ratio=1.0,
-                         short_prompt_tokens=0)
-    engine.submit(prompt(10), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
-                  request_id="stream")
-    while not any(isinstance(e, Token) for e in engine.step()):
-        pass
+    engine = engine_with_a_stream(tiny, prefill_chunk=16, short_prompt_tokens=0)
     engine.submit(prompt(20, seed=3), GREEDY, request_id="short")
     chunk = engine._interleave_chunk
     events = engine.step()
-    progress = [e.done for e in events if isinstance(e, PrefillProgress) and e.request_id == "short"]
-    assert progress[-1] == chunk < 20  # the interleaved chunk only (after admission's 0)
+    assert prefill_done(events, "short")[-1] == chunk < 20  # the interleaved chunk only
     assert not any(isinstance(e, Token) and e.request_id == "short" for e in events)
 
 

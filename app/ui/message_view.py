@@ -891,6 +891,14 @@ class MessageView(QtWidgets.QScrollArea):
         self._layout.addWidget(self._reserve)
         self._layout.addStretch(1)
         self.setWidget(page)
+        # Said over the view while the reserve fills much of it (the person jumped far up,
+        # e.g. dragged the scroll bar to the top, faster than messages are built): a blank
+        # view with no word reads as lost messages. Floats over the viewport, outside the
+        # layout, so showing it moves nothing.
+        self._loading_notice = QtWidgets.QLabel("Loading earlier messages…", self.viewport())
+        self._loading_notice.setObjectName("loadingEarlierMessages")
+        self._loading_notice.setForegroundRole(QtGui.QPalette.ColorRole.PlaceholderText)
+        self._loading_notice.hide()
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -1035,6 +1043,29 @@ class MessageView(QtWidgets.QScrollArea):
         height = max(0, height)
         self._reserve.setFixedHeight(height)
         self._reserve.setVisible(height > 0 and self._built_from > 0)
+        self._update_loading_notice()
+
+    def _reserve_on_screen(self) -> int:
+        """How many pixels of the viewport the reserve fills now."""
+        if not self._reserve.isVisible():
+            return 0
+        top = self.verticalScrollBar().value()
+        bottom = top + self.viewport().height()
+        reserve_top = self._reserve.mapTo(self.widget(), QtCore.QPoint(0, 0)).y()
+        # Its height as set (the geometry catches up on the layout's next pass).
+        reserve_bottom = reserve_top + self._reserve.minimumHeight()
+        return max(0, min(bottom, reserve_bottom) - max(top, reserve_top))
+
+    def _update_loading_notice(self) -> None:
+        """Show the notice while the reserve fills a third of the view or more (a sliver
+        of it at the top, while building catches up with a scroll, is not worth a word)."""
+        notice = self._loading_notice
+        show = self._reserve_on_screen() * 3 >= self.viewport().height() > 0
+        if show:
+            notice.adjustSize()
+            notice.move((self.viewport().width() - notice.width()) // 2, 24)
+        if show != notice.isVisible():
+            notice.setVisible(show)
 
     def _build_some(self) -> None:
         """One slice of building older messages (the timer calls this): half a message.
@@ -1089,6 +1120,7 @@ class MessageView(QtWidgets.QScrollArea):
             self._anchor = None  # the person scrolled: where they are now counts
         if value < self._near_top():
             self._want_older()
+        self._update_loading_notice()
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         # The content grew (or the view resized): stay at the bottom if we were there; keep
@@ -1100,6 +1132,11 @@ class MessageView(QtWidgets.QScrollArea):
             self._keep_anchor()
         if bar.value() < self._near_top():
             self._want_older()  # e.g. the built messages do not fill the view yet
+        self._update_loading_notice()
+
+    def resizeEvent(self, event: QtGui.QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._update_loading_notice()
 
     def _keep_anchor(self) -> None:
         widget, on_screen = self._anchor

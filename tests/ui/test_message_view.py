@@ -478,6 +478,19 @@ def test_scrolled_to_the_top_every_message_is_built_and_the_reserve_is_gone(view
     assert first.body.markdown() == chat[0].text
 
 
+def test_jumping_into_the_messages_not_built_yet_says_they_are_loading(view, qtbot):
+    view.set_messages(long_chat(60))
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    notice = view.findChild(QtWidgets.QLabel, "loadingEarlierMessages")
+    assert not notice.isVisible()  # at the bottom the view shows built messages only
+    bar.setValue(0)  # dragged to the top: the view shows the blank reserve
+    assert notice.isVisible() and "Loading" in notice.text()
+    assert notice.geometry().top() >= 0 and view.viewport().rect().contains(notice.geometry())
+    qtbot.waitUntil(lambda: view.built_count() == 60, timeout=20000)
+    qtbot.waitUntil(lambda: not notice.isVisible())  # the oldest messages are there now
+
+
 def test_building_a_message_opens_no_window_for_its_parts(qtbot):
     shown_as_windows = []
 

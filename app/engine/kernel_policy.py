@@ -365,6 +365,10 @@ class _Product:
     xp: torch.Tensor
 
 
+class _Interrupted(Exception):
+    """`busy()` turned true while a measurement was being set up."""
+
+
 class _KindRun:
     """One kind's weights, ready to time. A decode pass runs every distinct product once per
     cycle, each cycle on other copies of the weights, so that together they exceed the
@@ -372,12 +376,18 @@ class _KindRun:
     memory, as they do in a decode step. The head comes after, past everything else."""
 
     def __init__(self, shapes: ModelShapes, kind: str, gen: torch.Generator, stream_bytes: int,
-                 inputs: Callable[[int], tuple[torch.Tensor, torch.Tensor]]):
+                 inputs: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                 busy: Callable[[], bool] | None = None):
+        def check() -> None:
+            if busy is not None and busy():
+                raise _Interrupted
+
         counts = _counts(shapes, kind)
         self.products: dict[Key, _Product] = {}
         layer_counts = {**counts.own, **counts.extra}
         layer_counts.pop(HEAD, None)
         for key in layer_counts:
+            check()
             n, k, planes = key
             w, t = _weight(kind, n, k, planes, gen)
             self.products[key] = _Product([w], t, *inputs(k))
@@ -391,6 +401,7 @@ class _KindRun:
         self.cycles = max(1, min(most, math.ceil(stream_bytes / set_bytes)))
         for key, product in self.products.items():
             for _ in range(min(self.cycles, math.ceil(layer_counts[key])) - 1):
+                check()
                 product.weights.append(_copy(product.weights[0]))
 
     def warm_up(self, prefill: bool) -> None:
@@ -530,8 +541,17 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
         return shared[k]
 
     with torch.inference_mode():
-        runs = {kind: _KindRun(shapes, kind, gen, stream, inputs) for kind in timed}
+        # Setting up (~0.5 s of every core: weights made, copied past the cache, warmed up)
+        # gives way to the engine too, between steps: a request arriving then (a person
+        # sending a message a second after a relaunch) would otherwise share the cores with
+        # it, and the window's GUI thread with both (stalls of 60-90 ms measured).
+        try:
+            runs = {kind: _KindRun(shapes, kind, gen, stream, inputs, busy) for kind in timed}
+        except _Interrupted:
+            return None
         for kind, run in runs.items():
+            if busy is not None and busy():
+                return None
             run.warm_up(kind in prefill)
         active_d, active_p = set(decode), set(prefill)
         for rep in range(reps):

@@ -88,9 +88,11 @@ def test_int4_decode_with_a_float_prefill_keeps_a_wide_copy_for_small_models_onl
 
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
-def test_a_real_measurement_times_every_kind_interleaved():
-    order = []
-    m = kp.measure(TINY, reps=3, busy=lambda: order.append(1) and False)
+def test_a_real_measurement_times_every_kind_interleaved(monkeypatch):
+    order = []  # one thread wake-up probe before each timing
+    probe = kp._probe_ms
+    monkeypatch.setattr(kp, "_probe_ms", lambda: order.append(1) or probe())
+    m = kp.measure(TINY, reps=3, busy=lambda: False)
     assert set(m.decode_ms) == set(kp.KINDS) and set(m.prefill_ms) == set(kp.PREFILL_KINDS)
     assert all(ms > 0 for ms in [*m.decode_ms.values(), *m.prefill_ms.values()])
     # The first repetition times every kind once, later ones every kind that can still win.
@@ -146,6 +148,19 @@ def test_tune_keeps_a_cached_choice_unless_the_check_says_it_changed(tmp_path, m
     assert not fresh.cached and fresh.label == "float16" and fresh.status == kp.MEASURED
     assert fresh.reason.endswith("(measured again: a drift)")
     assert kp.cached_policy(TINY, tmp_path).label == "float16"
+
+
+def test_a_measurement_being_set_up_gives_way_to_the_engine(monkeypatch):
+    # Setting up makes every kind's weights (and copies past the cache): a request arriving
+    # then must not share the cores with it until it is done.
+    made = []
+    weight = kp._weight
+    monkeypatch.setattr(kp, "_weight", lambda *a: made.append(a) or weight(*a))
+    assert kp.measure(TINY, busy=lambda: True) is None
+    assert made == []
+    calls = []
+    assert kp.measure(TINY, busy=lambda: len(calls) > 3 or calls.append(1)) is None
+    assert made and {a[0] for a in made} == {made[0][0]}  # it stopped within the first kind
 
 
 def test_a_measurement_stops_when_the_engine_gets_work(tmp_path):

@@ -7,13 +7,17 @@ later loads map that file (`torch.load(mmap=True)`): the pages are read as the m
 them, shared with the OS page cache. The file's name carries a hash of everything the
 result depends on (the model file's path, size and modification time, the format, the torch
 version, this module's layout version); only the newest entry per model file is kept, and an
-unreadable entry is deleted and rebuilt.
+unreadable entry is deleted and rebuilt. Beside each model file's entry a small text file
+(`<prefix>.source`) names the model file; an entry whose model file is gone (deleted, moved,
+a temporary copy) is deleted at the next store or restore, so the folder never keeps
+hundreds of MB for models the person no longer has.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +27,9 @@ from app.models.layers import DualWeight, WeightFormat
 from app.models.quantized import Int4Plane, QuantizedWeight, RawTensor
 
 LAYOUT_VERSION = 2  # 2: 4-bit weights use their planes up to 8 rows (was 2)
+# Entries written before `.source` files existed name no model file: deleted once this old
+# (by modification time) unless a load uses them first (which writes their `.source`).
+UNNAMED_ENTRY_MAX_AGE_S = 30 * 24 * 3600
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
@@ -46,8 +53,10 @@ class WeightCache:
                                       fmt.int4_wide_dtype, compute_dtype, torch.__version__,
                                       LAYOUT_VERSION)))
         self.folder = folder
+        self.model_path = resolved
         self.prefix = hashlib.sha1(resolved.encode()).hexdigest()[:16]
         self.path = folder / f"{self.prefix}-{hashlib.sha1(identity.encode()).hexdigest()[:16]}.pt"
+        self.source = folder / f"{self.prefix}.source"
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -69,6 +78,15 @@ class WeightCache:
         for old in self.folder.glob(f"{self.prefix}-*.pt"):
             if old != self.path:
                 old.unlink(missing_ok=True)
+        self._name_source()
+        prune(self.folder)
+
+    def _name_source(self) -> None:
+        try:
+            if not self.source.is_file():
+                self.source.write_text(self.model_path, encoding="utf-8")
+        except OSError:
+            pass  # unnamed, it is only kept until it is old
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -89,7 +107,34 @@ class WeightCache:
         except Exception:  # any damage: a torn file, a foreign layout; rebuild from the model file
             self.path.unlink(missing_ok=True)
             return False
+        self._name_source()
+        prune(self.folder)
         return True
+
+
+def prune(folder: Path) -> None:
+    """Delete the entries of model files that no longer exist, and entries that name no
+    model file once they are `UNNAMED_ENTRY_MAX_AGE_S` old. Never raises: pruning is
+    housekeeping, a load must not fail for it."""
+    try:
+        named = set()
+        for source in folder.glob("*.source"):
+            prefix = source.stem
+            named.add(prefix)
+            try:
+                model = source.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if model and not Path(model).exists():
+                for entry in folder.glob(f"{prefix}-*.pt"):
+                    entry.unlink(missing_ok=True)
+                source.unlink(missing_ok=True)
+        cutoff = time.time() - UNNAMED_ENTRY_MAX_AGE_S
+        for entry in folder.glob("*.pt"):
+            if entry.name.split("-", 1)[0] not in named and entry.stat().st_mtime < cutoff:
+                entry.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _owner(model, slot: str):

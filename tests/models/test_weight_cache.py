@@ -59,3 +59,41 @@ def test_another_format_replaces_the_entry(embedded_model_path, tmp_path):
                weight_cache_dir=cache)
     second = set(cache.glob("*.pt"))
     assert len(second) == 1 and second != first  # one entry per model file: the newest
+
+
+@pytest.mark.slow
+def test_the_entry_of_a_model_file_that_is_gone_is_deleted(embedded_model_path, tmp_path):
+    import shutil
+
+    cache = tmp_path / "weights"
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(embedded_model_path, copy)
+    _load(copy, cache)
+    (entry,) = cache.glob("*.pt")
+    copy.unlink()  # the person deleted that model
+    _load(embedded_model_path, cache)
+    assert not entry.exists()
+    assert len(list(cache.glob("*.pt"))) == 1 and len(list(cache.glob("*.source"))) == 1
+
+
+def test_pruning_keeps_the_entries_of_models_that_exist(tmp_path):
+    import os
+    import time
+
+    from app.models.weight_cache import UNNAMED_ENTRY_MAX_AGE_S, prune
+
+    model = tmp_path / "here.gguf"
+    model.write_bytes(b"GGUF")
+    (tmp_path / "aaaa.source").write_text(str(model))
+    (tmp_path / "aaaa-1.pt").write_bytes(b"x")
+    (tmp_path / "bbbb.source").write_text(str(tmp_path / "gone.gguf"))
+    (tmp_path / "bbbb-1.pt").write_bytes(b"x")
+    (tmp_path / "cccc-1.pt").write_bytes(b"x")  # written before .source files: recent
+    old = tmp_path / "dddd-1.pt"  # written before .source files: long unused
+    old.write_bytes(b"x")
+    long_ago = time.time() - UNNAMED_ENTRY_MAX_AGE_S - 60
+    os.utime(old, (long_ago, long_ago))
+    prune(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "aaaa-1.pt", "aaaa.source", "cccc-1.pt", "here.gguf"]
+    prune(tmp_path / "no such folder")  # housekeeping never raises

@@ -544,10 +544,11 @@ class Engine:
         """Hand the request's pages back: full written pages to the tree, the rest freed."""
         if request in self._running:
             self._running.remove(request)
-        self.pool.forget(request)  # its contiguous KV copy; the pages stay in the pool
-        request.phase = Phase.DONE
         ps = self.config.page_size
         keep = request.written // ps if publish else 0
+        # Its contiguous KV copy, written into its pages first when they are published.
+        self.pool.forget(request, write_back=keep > 0)
+        request.phase = Phase.DONE
         tokens = request.sequence[: keep * ps]
         redundant = self.cache.insert(tokens, request.pages[:keep])
         owner = self._cache_owners.pop(request.id, None)

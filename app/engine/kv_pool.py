@@ -1,27 +1,31 @@
 """The paged KV pool's tensors, each running sequence's contiguous copy, and the `KVView` one
 forward pass sees of them.
 
-Two layouts, one truth:
+Two layouts, one truth at a time:
 
-* The pool (the truth, shared): per layer, keys and values live in flat slot tensors
+* The pool (shared): per layer, keys and values live in flat slot tensors
   [num_pages * page_size, Hkv, D] on the model's device, allocated once. A sequence's page
   table maps position p to slot `pages[p // page_size] * page_size + p % page_size`. Page 0
   is zeroed and never handed out. The radix cache shares pages between sequences, the disk
   cache reads and writes whole pages, and the engine publishes finished pages here.
 * A `SequenceKV` per running sequence (what attention reads): the same keys and values laid
   out contiguously, [n_layers, 2, Hkv, capacity, D] with capacity = its page table's
-  positions. Every position is copied in once: an adopted (shared) prefix or pages read back
-  from disk when the sequence is first seen, then each pass's new keys as they are written.
-  Attention then reads a plain slice [Hkv, first:end, D] (a view: no gather, no copy), so a
-  decode step costs its context's attention and nothing more. Before this layout every step
-  gathered every visible page into a fresh tensor: at 3,000 positions that gather and the
-  slow strided attention it fed cost ~4 ms a layer against ~0.5 ms for the slice (2 cores,
-  SmolLM2's 3 x 64 KV heads).
+  positions. An adopted (shared) prefix or pages read back from disk are copied in from the
+  pool once, when the sequence is first seen; each pass then writes its new keys into the
+  copy alone. Attention reads a plain slice [Hkv, first:end, D] (a view: no gather, no
+  copy), so a decode step costs its context's attention and nothing more. Before this
+  layout every step gathered every visible page into a fresh tensor: at 3,000 positions
+  that gather and the slow strided attention it fed cost ~4 ms a layer against ~0.5 ms for
+  the slice (2 cores, SmolLM2's 3 x 64 KV heads).
 
-The pool stays authoritative (written every pass too: one `index_copy_` of the new rows), so
-publishing, eviction and the disk cache never look at the contiguous copies. A copy lives
-as long as its sequence runs: the engine passes its requests as keys and calls `forget`
-when one ends. The copy doubles the KV memory of the running sequences only.
+While a sequence runs, its copy is the truth for the positions it computed; the pool gets
+them when the copy is handed back (`forget(key, write_back=True)`: one `index_copy_` per
+layer and K/V for the whole reply), which the engine does before publishing the pages.
+Writing the pool every pass as well cost six small operations a layer (~0.5 ms of a 13 ms
+SmolLM2 decode step) for pages nobody reads until the sequence ends: the radix cache, the
+disk cache and eviction only ever see finished sequences' pages. A view without keys (tests,
+warm-up) makes copies for one pass, so it writes the pool every pass. The copies double the
+KV memory of the running sequences only.
 """
 
 from __future__ import annotations
@@ -73,9 +77,12 @@ class PagedKVPool:
             seq = self._sequences[key] = SequenceKV(self, table, len(table) * self.page_size)
         return seq
 
-    def forget(self, key: Hashable) -> None:
-        """Sequence `key` has ended: drop its copy (its pages live on in the pool)."""
-        self._sequences.pop(key, None)
+    def forget(self, key: Hashable, write_back: bool = False) -> None:
+        """Sequence `key` has ended: drop its copy. `write_back`: first write the positions
+        it computed into its pages, which are about to be published."""
+        seq = self._sequences.pop(key, None)
+        if seq is not None and write_back:
+            seq.write_back(self)
 
     def forget_all(self) -> None:
         self._sequences.clear()
@@ -88,16 +95,22 @@ class PagedKVPool:
 class SequenceKV:
     """One sequence's keys and values, contiguous: `data` [n_layers, 2, Hkv, capacity, D]
     (index 0 keys, 1 values). Positions [0, filled) equal the pool's at this sequence's
-    slots; `sync` copies the rest in from the pool, once."""
+    slots or were computed into this copy; positions [0, in_pool) are also in the pool.
+    `sync` copies positions the pool has and this copy lacks in, once; `write_back` writes
+    the ones the pool lacks out."""
 
-    __slots__ = ("table", "data", "filled")
+    __slots__ = ("table", "data", "filled", "in_pool", "layers")
 
     def __init__(self, pool: PagedKVPool, table: Sequence[int], capacity: int):
         kv = pool.kv
         self.table = tuple(table)
         self.data = torch.empty((kv.n_layers, 2, kv.n_kv_heads, capacity, kv.head_dim),
                                 device=pool.device, dtype=pool.dtype)
+        # Per layer (keys, values) [Hkv, capacity, D], views made once: attention reads them
+        # for every sequence in every layer of every pass.
+        self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(kv.n_layers)]
         self.filled = 0
+        self.in_pool = 0
 
     def sync(self, pool: PagedKVPool, upto: int) -> None:
         """Make positions [0, upto) equal the pool's (an adopted prefix, pages read back from
@@ -109,7 +122,20 @@ class SequenceKV:
                 # [L, Hkv, D] -> [Hkv, L, D]
                 self.data[layer, 0, :, start:upto] = pool.keys[layer].index_select(0, slots).transpose(0, 1)
                 self.data[layer, 1, :, start:upto] = pool.values[layer].index_select(0, slots).transpose(0, 1)
+            if self.in_pool == start:
+                self.in_pool = upto
         self.filled = upto
+
+    def write_back(self, pool: PagedKVPool) -> None:
+        """Write positions [in_pool, filled) into the pool at this sequence's slots."""
+        start, end = self.in_pool, self.filled
+        if end > start:
+            slots = torch.tensor(pool.slots(self.table, start, end), device=pool.device)
+            for layer, (keys, values) in enumerate(self.layers):
+                # [Hkv, L, D] -> rows [L, Hkv, D]
+                pool.keys[layer].index_copy_(0, slots, keys[:, start:end].transpose(0, 1))
+                pool.values[layer].index_copy_(0, slots, values[:, start:end].transpose(0, 1))
+        self.in_pool = end
 
 
 class PagedBatchView:
@@ -140,7 +166,8 @@ class PagedBatchView:
         write, q_pos, offsets, seqs = [], [], [], []
         for i, (table, start, n) in enumerate(zip(tables, starts, counts)):
             offsets.append(len(q_pos))
-            write += pool.slots(table, start, start + n)
+            if keys is None:
+                write += pool.slots(table, start, start + n)
             q_pos += range(start, start + n)
             seq = (pool.sequence(keys[i], table) if keys is not None
                    else SequenceKV(pool, table, start + n))
@@ -149,7 +176,9 @@ class PagedBatchView:
             seqs.append(seq)
         self._offsets = offsets  # first packed row of each sequence
         self._seqs = seqs
-        self._write_slots = torch.tensor(write, device=device)
+        # One-pass copies die with the pass, so their new rows go to the pool now too;
+        # keyed copies write theirs back when they are forgotten.
+        self._write_slots = torch.tensor(write, device=device) if keys is None else None
         self.q_pos = torch.tensor([q_pos], device=device)  # [1, N]
         self._masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
 
@@ -179,26 +208,32 @@ class PagedBatchView:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                window: int | None, attention) -> torch.Tensor:
-        # q [1, H, N, D]; k, v [1, Hkv, N, D]. The pool gets rows [N, Hkv, D] at their slots;
-        # each sequence's copy gets its own [Hkv, n, D] at positions [start, start + n).
-        self.pool.keys[layer].index_copy_(0, self._write_slots, k[0].transpose(0, 1))
-        self.pool.values[layer].index_copy_(0, self._write_slots, v[0].transpose(0, 1))
+        # q [1, H, N, D]; k, v [1, Hkv, N, D]. Each sequence's copy gets its own [Hkv, n, D]
+        # at positions [start, start + n); without keys the pool gets rows [N, Hkv, D] too.
+        if self._write_slots is not None:  # (index_copy_ does not convert: V may be bfloat16)
+            dtype = self.pool.dtype
+            self.pool.keys[layer].index_copy_(0, self._write_slots, k[0].transpose(0, 1).to(dtype))
+            self.pool.values[layer].index_copy_(0, self._write_slots, v[0].transpose(0, 1).to(dtype))
         single = len(self._seqs) == 1
+        k0, v0 = k[0], v[0]  # [Hkv, N, D]
         outs = []
+        # narrow/unsqueeze rather than slicing subscripts: the same views, without Python's
+        # index parsing (this loop runs per sequence, per layer, per pass).
         for i, seq in enumerate(self._seqs):
             offset, n, start = self._offsets[i], self.counts[i], self.starts[i]
-            end = start + n
-            keys, values = seq.data[layer, 0], seq.data[layer, 1]  # [Hkv, capacity, D]
+            keys, values = seq.layers[layer]  # [Hkv, capacity, D]
             if single:
-                keys[:, start:end] = k[0]
-                values[:, start:end] = v[0]
+                keys.narrow(1, start, n).copy_(k0)
+                values.narrow(1, start, n).copy_(v0)
                 q_i = q
             else:
-                keys[:, start:end] = k[0, :, offset:offset + n]
-                values[:, start:end] = v[0, :, offset:offset + n]
-                q_i = q[:, :, offset:offset + n]
+                keys.narrow(1, start, n).copy_(k0.narrow(1, offset, n))
+                values.narrow(1, start, n).copy_(v0.narrow(1, offset, n))
+                q_i = q.narrow(2, offset, n)
             first = self._first_visible(i, window)
-            outs.append(attention(q_i, keys[None, :, first:end], values[None, :, first:end],
+            seen = start + n - first
+            outs.append(attention(q_i, keys.narrow(1, first, seen).unsqueeze(0),
+                                  values.narrow(1, first, seen).unsqueeze(0),
                                   self._mask(i, window, first)))
         # Sequences are packed in order, so their outputs concatenate into the packed row.
         return outs[0] if single else torch.cat(outs, dim=2)

@@ -199,9 +199,14 @@ class DualWeight:
 Weight = torch.Tensor | DualWeight | QuantizedWeight
 
 
-def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
+def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False) -> torch.Tensor:
     """x [..., in] times a weight stored [in, out] (transposed) or [out, in], or kept
     quantized (`QuantizedWeight`, whatever `transposed` says).
+
+    The result is in x's dtype, except with `promotes`: the caller's next operation takes
+    any float dtype and computes in the wider of its inputs (a residual add, a copy into the
+    KV cache, RoPE's float32 tables, another product), so a 4-bit product may stay in the
+    bfloat16 it comes out in: a decode step then skips ~4 conversions a layer.
 
     Weights may be stored narrower than the activations (e.g. float16 weights, float32
     activations); the product then runs in the weight dtype and comes back in the
@@ -212,7 +217,7 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool) -> torch.Tensor:
     """
     if isinstance(w, QuantizedWeight):
         if w.wide is None or x.numel() // x.shape[-1] <= w.narrow_rows_max:
-            return int4_linear(x, w)
+            return int4_linear(x, w, None if not promotes or len(w.planes) > 1 else w.act_dtype)
         w, transposed = w.wide, False  # many rows: its float copy [out, in], as any float weight
     if isinstance(w, DualWeight):  # both copies are [out, in], whatever the format's layout
         w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide

@@ -240,11 +240,14 @@ def quantize_synthetic(w: torch.Tensor) -> Int4Form:
     return Int4Form(codes.reshape(N, K), None, s, lo_v)
 
 
-def int4_linear(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
-    """x [..., in] -> [..., out] in x's dtype, on the packed planes (`layers.linear` sends
-    products of more than `narrow_rows_max` rows to the float copy instead)."""
+def int4_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype | None = None
+                ) -> torch.Tensor:
+    """x [..., in] -> [..., out] in `out_dtype` (default x's), on the packed planes
+    (`layers.linear` sends products of more than `narrow_rows_max` rows to the float copy
+    instead). The product itself comes out in `act_dtype` (one plane) or float32 (two), so
+    asking for that dtype saves a conversion."""
     lead = x.shape[:-1]
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernel takes [rows, in]
     a = flat.to(w.act_dtype)
     first, *rest = w.planes
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, first.packed, INT4_GROUP, first.scale_zeros)
@@ -253,4 +256,5 @@ def int4_linear(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
         for plane in rest:
             out += torch.ops.aten._weight_int4pack_mm_for_cpu(a, plane.packed, INT4_GROUP,
                                                              plane.scale_zeros).float()
-    return out.to(x.dtype).view(*lead, w.out_features)
+    out = out.to(out_dtype or x.dtype)
+    return out if x.dim() == 2 else out.view(*lead, w.out_features)

@@ -194,32 +194,40 @@ class DecoderLayer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
                 ) -> torch.Tensor:
+        """x [N, d] (the pass's S * T tokens, one per row) -> [N, d]."""
         eps = self.cfg.rms_eps
-        h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv)
-        if self.post_attn_norm is not None:
+        # Without a norm after it, a branch's last product may stay in its kernel's dtype:
+        # adding it to the residual stream promotes it (see `linear`).
+        sandwich = self.post_attn_norm is not None
+        h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv, promotes=not sandwich)
+        if sandwich:
             h = rms_norm(h, self.post_attn_norm, eps)
         x = x + h
-        h = self.mlp(rms_norm(x, self.ffn_norm, eps))
-        if self.post_ffn_norm is not None:
+        sandwich = self.post_ffn_norm is not None
+        h = self.mlp(rms_norm(x, self.ffn_norm, eps), promotes=not sandwich)
+        if sandwich:
             h = rms_norm(h, self.post_ffn_norm, eps)
         return x + h
 
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+    def mlp(self, x: torch.Tensor, promotes: bool = False) -> torch.Tensor:
         t = self.fmt.transposed
         of = self._gate_up_of
         if of and of[0] is self.gate and of[1] is self.up:
             gate, up = linear(x, self.gate_up, t).chunk(2, dim=-1)
         else:
             gate, up = linear(x, self.gate, t), linear(x, self.up, t)
-        return linear(self.act(gate) * up, self.down, t)
+        return linear(self.act(gate) * up, self.down, t, promotes)
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """x [S, T, d] -> Q, K, V side by side [S, T, (H + 2 Hkv) * D]."""
+        """x [N, d] -> Q, K, V side by side [N, (H + 2 Hkv) * D]."""
         t = self.fmt.transposed
         of = self._qkv_of  # (q, k, v or None, q_bias) the joined product was made of
         if of and of[0] is self.q and of[1] is self.k and (of[2] is None or of[2] is self.v) \
                 and of[3] is self.q_bias:
-            ys = [linear(x, self.qkv, t)]
+            # Q and K meet RoPE's float32 tables and V is copied into the KV cache, both of
+            # which promote; a bias or QK-norm comes first and keeps the activations' dtype.
+            plain = self.qkv_bias is None and self.q_norm is None and of[2] is not None
+            ys = [linear(x, self.qkv, t, promotes=plain)]
             if self.qkv_bias is not None:
                 ys[0] = ys[0] + self.qkv_bias.to(ys[0].dtype)
             if of[2] is None:  # V's kind differed: Q and K only were joined
@@ -233,10 +241,13 @@ class DecoderLayer(torch.nn.Module):
         y = linear(x, w, self.fmt.transposed)
         return y if bias is None else y + bias.to(y.dtype)
 
-    def attention(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
-                  ) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView,
+                  promotes: bool = False) -> torch.Tensor:
+        """x [N, d] -> [N, d]; the rope tables [S, T, 1, R] say how the N rows split into
+        S sequences of T tokens."""
         c = self.cfg
-        S, T, _ = x.shape
+        cos, sin = rope  # [S, T, 1, R]: Q and K heads rotated together
+        S, T = cos.shape[0], cos.shape[1]
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         y = self._qkv(x).view(S, T, H + 2 * Hkv, D)
         if self.q_norm is not None:
@@ -244,14 +255,13 @@ class DecoderLayer(torch.nn.Module):
                             rms_norm(y[:, :, H:H + Hkv], self.k_norm, c.rms_eps)), dim=2)
         else:
             qk = y[:, :, :H + Hkv]
-        cos, sin = rope  # [S, T, 1, R]: Q and K heads rotated together
         qk = rotate(qk, cos, sin, self.rope.style)  # [S, T, H + Hkv, D]
         q = qk[:, :, :H].transpose(1, 2)  # [S, H, T, D]
         k = qk[:, :, H:].transpose(1, 2)  # [S, Hkv, T, D]
         v = y[:, :, H + Hkv:].transpose(1, 2)
         out = kv.attend(self.index, q, k, v, self.window, self._attend)
-        out = out.transpose(1, 2).reshape(S, T, H * D)
-        return linear(out, self.o, self.fmt.transposed)
+        out = out.transpose(1, 2).reshape(S * T, H * D)
+        return linear(out, self.o, self.fmt.transposed, promotes)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -388,9 +398,10 @@ class TransformerLM(torch.nn.Module):
         """tokens, positions: [S, T] int64 -> final-normed hidden states [S, T, d]."""
         x = self.embed(tokens)
         tables = {spec: spec.rotation(positions, x.dtype) for spec in self._ropes}
+        x = x.view(-1, x.shape[-1])  # the layers see one token a row: [S * T, d]
         for layer in self.layers:
             x = layer(x, tables[layer.rope], kv)
-        return rms_norm(x, self.output_norm, self.cfg.rms_eps)
+        return rms_norm(x, self.output_norm, self.cfg.rms_eps).view(*tokens.shape, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> float32 logits [..., V]."""

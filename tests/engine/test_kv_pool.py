@@ -91,11 +91,13 @@ def test_keyed_sequences_adopt_a_shared_prefix_once_and_decode_like_alone(tiny):
             expected = _alone(tiny, history[k], nxt[k])[-1]
             assert torch.allclose(got[row], expected, atol=1e-4), (k, step)
             history[k] += nxt[k]
-    # The pool stayed the truth: a fresh copy synced from it holds what the keyed one holds.
+    # Handed back with write_back, the copy's positions land in the pool: a fresh copy synced
+    # from it holds what the keyed one held.
+    kept = pool.sequence("b", tables["b"]).data[:, :, :, :len(history["b"])].clone()
+    pool.forget("b", write_back=True)
     fresh = SequenceKV(pool, tables["b"], len(history["b"]))
     fresh.sync(pool, len(history["b"]))
-    kept = pool.sequence("b", tables["b"]).data[:, :, :, :len(history["b"])]
     assert torch.equal(fresh.data, kept)
     pool.forget("a")
-    assert pool.sequences_held == 1
+    assert pool.sequences_held == 0
     assert pool.sequence("a", tables["a"]) is not copy_a  # a new sequence, a new copy

@@ -161,6 +161,20 @@ def test_abort_mid_prefill_releases_everything(tiny):
     assert tokens_of(events["short"]) == tokens_of(alone["short"])
 
 
+def test_a_prompt_aborted_mid_prefill_leaves_its_computed_pages_for_the_retry(tiny):
+    # A running sequence's keys live in its contiguous copy; the pages it computed reach the
+    # pool when it ends (kv_pool: forget(write_back=True)). A retry of the same prompt adopts
+    # them and must answer as a cold engine does.
+    engine = make_engine(tiny, prefill_chunk=8)
+    ids = prompt(60, seed=7)
+    events = run(engine, {"a": (ids, GREEDY)}, abort_after={"a": 4})
+    assert finished(events["a"]).finish_reason == "abort"
+    retry = finished(run(engine, {"b": (ids, GREEDY)})["b"])
+    assert retry.usage.cached_tokens >= 24  # at least three 8-token chunks were read
+    cold = finished(run(make_engine(tiny), {"b": (ids, GREEDY)})["b"])
+    assert retry.completion_ids == cold.completion_ids
+
+
 def test_abort_mid_decode_keeps_what_was_said(tiny):
     engine = make_engine(tiny)
     events = run(engine, {"a": (prompt(20), SamplingParams(max_tokens=50, temperature=0,

@@ -248,7 +248,8 @@ def int4_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype | No
     asking for that dtype saves a conversion."""
     lead = x.shape[:-1]
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernel takes [rows, in]
-    a = flat.to(w.act_dtype)
+    # (dtype checks here rather than no-op .to() calls: each is a dispatch, 4 a layer a step)
+    a = flat if flat.dtype == w.act_dtype else flat.to(w.act_dtype)
     first, *rest = w.planes
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, first.packed, INT4_GROUP, first.scale_zeros)
     if rest:  # the planes' sum in float32, so the low plane is not lost to the high one's rounding
@@ -256,5 +257,7 @@ def int4_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype | No
         for plane in rest:
             out += torch.ops.aten._weight_int4pack_mm_for_cpu(a, plane.packed, INT4_GROUP,
                                                              plane.scale_zeros).float()
-    out = out.to(out_dtype or x.dtype)
+    out_dtype = out_dtype or x.dtype
+    if out.dtype != out_dtype:
+        out = out.to(out_dtype)
     return out if x.dim() == 2 else out.view(*lead, w.out_features)

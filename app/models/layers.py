@@ -217,7 +217,7 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False)
     """
     if isinstance(w, QuantizedWeight):
         if w.wide is None or x.numel() // x.shape[-1] <= w.narrow_rows_max:
-            return int4_linear(x, w, None if not promotes or len(w.planes) > 1 else w.act_dtype)
+            return int4_linear(x, w, promotes)
         w, transposed = w.wide, False  # many rows: its float copy [out, in], as any float weight
     if isinstance(w, DualWeight):  # both copies are [out, in], whatever the format's layout
         w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide

@@ -240,12 +240,11 @@ def quantize_synthetic(w: torch.Tensor) -> Int4Form:
     return Int4Form(codes.reshape(N, K), None, s, lo_v)
 
 
-def int4_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype | None = None
-                ) -> torch.Tensor:
-    """x [..., in] -> [..., out] in `out_dtype` (default x's), on the packed planes
-    (`layers.linear` sends products of more than `narrow_rows_max` rows to the float copy
-    instead). The product itself comes out in `act_dtype` (one plane) or float32 (two), so
-    asking for that dtype saves a conversion."""
+def int4_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False) -> torch.Tensor:
+    """x [..., in] -> [..., out] in x's dtype, on the packed planes (`layers.linear` sends
+    products of more than `narrow_rows_max` rows to the float copy instead). With
+    `promotes` (see `layers.linear`) the result stays in the dtype the product comes out
+    in: `act_dtype` for one plane, float32 for two."""
     lead = x.shape[:-1]
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernel takes [rows, in]
     # (dtype checks here rather than no-op .to() calls: each is a dispatch, 4 a layer a step)
@@ -257,7 +256,6 @@ def int4_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype | No
         for plane in rest:
             out += torch.ops.aten._weight_int4pack_mm_for_cpu(a, plane.packed, INT4_GROUP,
                                                              plane.scale_zeros).float()
-    out_dtype = out_dtype or x.dtype
-    if out.dtype != out_dtype:
-        out = out.to(out_dtype)
+    if not promotes and out.dtype != x.dtype:
+        out = out.to(x.dtype)
     return out if x.dim() == 2 else out.view(*lead, w.out_features)

@@ -6,8 +6,9 @@ iteration, run by the engine's own thread), events out as plain data (`app.engin
 One step reads as one sentence: take commands -> admit waiting requests -> one forward pass
 that carries a decode token for every running request plus, within a budget, the next
 prefill chunk -> sample -> report. Decode comes first so streams never wait behind a long
-prompt; the chunk budget keeps a step close to a decode step while others stream, and opens
-up to `prefill_chunk` tokens when no one is waiting for a token.
+prompt; while others stream, the pacer (`prefill_pacer.py`) says how many prompt tokens a
+pass carries (a chunk in every pass, or a time slice every few passes), and up to
+`prefill_chunk` when no one is waiting for a token.
 
 Invariants (docs/ARCHITECTURE.md, "The engine's invariants"):
   - a prefill starts at `request.written`, read off the KV; adopted and cold prefixes take
@@ -37,6 +38,7 @@ from app.engine.events import (Event, Failed, Finished, PrefillProgress, Queued,
                                Usage)
 from app.engine.kv_disk import KVDiskStore, KVDiskWriter, chain_keys
 from app.engine.kv_pool import PagedBatchView, PagedKVPool
+from app.engine.prefill_pacer import PacingConfig, PassPlan, PrefillPacer
 from app.engine.radix_cache import PagePool, RadixCache
 from app.engine.request import Phase, Request
 from app.engine.thread_tuner import ThreadTuner
@@ -53,13 +55,19 @@ class EngineConfig:
     page_size: int = 16
     kv_tokens: int = 65_536  # pool capacity in tokens, shared by all chats and the cache
     prefill_chunk: int = 512  # most prompt tokens in one pass when nobody is streaming
-    # Least prompt tokens per pass while others stream: the floor that keeps a prefill moving
-    # when the steering below misjudges a busy machine (at 4 tokens a 3,000-token document
-    # took 384 s beside a stream in a real window; the pass's fixed cost dominated).
-    min_interleave_chunk: int = 16
-    # While others stream, a pass with a prefill chunk may take this many times a plain
-    # decode pass (inter-token latency stays within it, prefill still moves).
+    # While others stream, a long prompt shares the machine one of two ways, chosen from
+    # measured costs (app/engine/prefill_pacer.py). Mixing: every pass carries a chunk that
+    # keeps it within `interleave_ratio` decode passes -- used when at least
+    # `min_interleave_chunk` prompt tokens fit (0: always mix). Otherwise time slices:
+    # `slice_every` passes of decode tokens only, then the prompt runs alone (chunks of
+    # `prefill_chunk`) for a slice giving it `prefill_share` of the time, at most
+    # `max_slice_s`. (On 2-core CPUs a 16-token chunk mixed into every pass made a stream's
+    # tokens 4.3-4.7x slower and read a 3,000-token document 3-4x slower than alone.)
     interleave_ratio: float = 2.3
+    min_interleave_chunk: int = 64
+    prefill_share: float = 0.7
+    slice_every: int = 24
+    max_slice_s: float = 1.5
     # A prompt with at most this many new tokens (a chat message, an API request) runs whole
     # in the next pass even while others stream, such prompts together up to `prefill_chunk`:
     # a stream's step runs longer once, instead of a new message's first token waiting at a
@@ -75,8 +83,12 @@ class EngineConfig:
     tune_threads: bool = True
 
     def __post_init__(self) -> None:
-        if self.page_size < 1 or self.prefill_chunk < 1 or self.min_interleave_chunk < 1:
+        if self.page_size < 1 or self.prefill_chunk < 1:
             raise ValueError("page size and chunk sizes must be positive")
+        if self.min_interleave_chunk < 0 or self.slice_every < 0:
+            raise ValueError("min_interleave_chunk and slice_every cannot be negative")
+        if not 0 < self.prefill_share < 1 or self.max_slice_s <= 0:
+            raise ValueError("prefill_share must be between 0 and 1, max_slice_s positive")
         if self.kv_tokens < 2 * self.page_size:
             raise ValueError("the KV pool must hold at least two pages")
         if self.short_prompt_tokens < 0:
@@ -107,13 +119,10 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # admitted, in admission order
         self._ids = itertools.count(1)
-        # What sizes the prefill chunk while others stream: the measured decode-only pass
-        # (seconds), and the chunk itself, steered so a pass carrying it takes about
-        # `interleave_ratio` decode passes. Steering on the measured pass time, not on a
-        # cost model, copes with costs a model would miss (attention over a long context,
-        # many rows taking another kernel).
-        self._decode_pass_s = 0.0
-        self._interleave_chunk = config.min_interleave_chunk
+        # How many prompt tokens a pass carries while others stream, learned from the passes.
+        self.pacer = PrefillPacer(PacingConfig(
+            config.prefill_chunk, config.interleave_ratio, config.min_interleave_chunk,
+            config.prefill_share, config.slice_every, config.max_slice_s))
         # Weights in another format waiting to be swapped in between requests (replace_weights).
         self._replacement: tuple[LoadedModel, KVDiskStore | None] | None = None
         self.replacements_handled = 0  # swapped in or refused, for whoever waits on one
@@ -137,16 +146,9 @@ class Engine:
         try:
             for _ in range(2):
                 times = {n: self._timed_pass(pages, n) for n in (1, small, chunk)}
-            self._decode_pass_s = times[1]
-            per_token = max(times[chunk] - times[small], 1e-6) / (chunk - small)
-            base = max(times[small] - small * per_token, 0.0)
-            target = self.config.interleave_ratio * self._decode_pass_s
-            self._interleave_chunk = self._clamp_chunk((target - base) / per_token)
+            self.pacer.warmed_up(times[1], small, times[small], chunk, times[chunk])
         finally:
             self.pages.release(pages)
-
-    def _clamp_chunk(self, size: float) -> int:
-        return int(max(self.config.min_interleave_chunk, min(self.config.prefill_chunk, size)))
 
     def _timed_pass(self, pages: list[int], n: int) -> float:
         view = PagedBatchView(self.pool, [pages], [0], [n])
@@ -436,22 +438,30 @@ class Engine:
         decoding = [r for r in self._running if r.phase is Phase.DECODE]
         # Shortest remaining prompt first: a short request arriving during a long prefill
         # takes its few tokens from the next pass instead of waiting for the whole document;
-        # the long one still gets the rest of every pass's budget, so it is never starved.
+        # the long one gets the rest of the pass's budget and, beside streams, its share of
+        # the time (the pacer), so it is never starved.
         prefilling = sorted((r for r in self._running
                              if r.phase is Phase.PREFILL and not r.restore_keys),
                             key=lambda r: r.prefill_remaining)
-        batch: list[tuple[Request, list[int]]] = [(r, [r.generated[-1].id]) for r in decoding]
-        budget = self._prefill_budget(streaming=bool(decoding))
-        burst = self.config.prefill_chunk if decoding else 0  # short prompts' share (above)
+        # Beside streams the pacer decides for long prompts only (short ones run whole).
+        short = self.config.short_prompt_tokens
+        paced_prompts = any(len(r.tokens) - r.cached_tokens > short for r in prefilling)
+        plan = (self.pacer.plan(streaming=bool(decoding)) if paced_prompts or not decoding
+                else PassPlan(0))
+        riders = decoding if plan.decode else []  # a time slice leaves the streams out
+        batch: list[tuple[Request, list[int]]] = [(r, [r.generated[-1].id]) for r in riders]
+        budget = plan.prompt_tokens
+        paced = 0  # prompt tokens taken from the plan's budget
+        burst = self.config.prefill_chunk if riders else 0  # short prompts' share (above)
         for request in prefilling:
             remaining = request.prefill_remaining
-            if (remaining <= burst and
-                    len(request.tokens) - request.cached_tokens <= self.config.short_prompt_tokens):
+            if remaining <= burst and len(request.tokens) - request.cached_tokens <= short:
                 take = remaining
                 burst -= take
             elif budget > 0:
                 take = min(remaining, budget)
                 budget -= take
+                paced += take
             else:
                 continue
             batch.append((request, request.tokens[request.written: request.written + take]))
@@ -468,9 +478,8 @@ class Engine:
             return
         seconds = time.perf_counter() - started
         self.threads.after_pass(sum(len(c) for _, c in batch), seconds)
-        # A pass that ran short prompts whole says nothing about the interleaved chunk's cost.
-        bursted = bool(decoding) and burst < self.config.prefill_chunk
-        self._learn_costs(seconds, batch, streaming=bool(decoding) and not bursted)
+        prompt_tokens = sum(len(c) for r, c in batch if r.phase is Phase.PREFILL)
+        self.pacer.learn(seconds, prompt_tokens, paced, streaming=bool(decoding))
         for (request, chunk), row in zip(batch, logits):
             request.written += len(chunk)
             if request.phase is Phase.PREFILL:
@@ -484,21 +493,6 @@ class Engine:
             except Exception as exc:  # a request whose sampling fails fails alone
                 events.append(Failed(request.id, f"Sampling failed: {exc}"))
                 self._release(request, publish=False)
-
-    def _prefill_budget(self, streaming: bool) -> int:
-        return self._interleave_chunk if streaming else self.config.prefill_chunk
-
-    def _learn_costs(self, seconds: float, batch: list[tuple[Request, list[int]]],
-                     streaming: bool) -> None:
-        """Track the decode pass; steer the interleaved chunk toward its time target."""
-        prefill_tokens = sum(len(c) for r, c in batch if r.phase is Phase.PREFILL)
-        if not prefill_tokens:
-            self._decode_pass_s = _ema(self._decode_pass_s, seconds)
-        elif streaming:
-            target = self.config.interleave_ratio * self._decode_pass_s
-            # Damped: the pass has a fixed part that does not shrink with the chunk.
-            self._interleave_chunk = self._clamp_chunk(
-                self._interleave_chunk * (target / max(seconds, 1e-6)) ** 0.5)
 
     def _forward(self, batch: list[tuple[Request, list[int]]]) -> torch.Tensor:
         """Run every request's new tokens in one pass; logits [len(batch), V], one row per
@@ -574,7 +568,3 @@ class Engine:
         usage = Usage(len(request.prompt_ids), request.cached_tokens, n, request.restored_tokens)
         return Finished(request.id, request.finish_reason or "abort", request.text, usage,
                         timings, tuple(c.id for c in request.generated))
-
-
-def _ema(old: float, new: float, weight: float = 0.3) -> float:
-    return new if not old else old + weight * (new - old)

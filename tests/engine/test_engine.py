@@ -241,25 +241,56 @@ def test_empty_prompt_runs_on_bos_and_reports_zero_prompt_tokens(tiny):
     assert done.usage.prompt_tokens == 0 and done.usage.completion_tokens == 12
 
 
-def test_long_prefill_interleaves_with_a_stream(tiny):
-    """While a long prompt prefills, a running stream gets a token every pass."""
-    engine = make_engine(tiny, prefill_chunk=512, min_interleave_chunk=8, interleave_ratio=1.5)
-    engine.submit(prompt(10), SamplingParams(max_tokens=60, temperature=0, ignore_eos=True),
-                  request_id="stream")
+def stream_beside_a_document(engine: Engine, doc_tokens: int = 1500):
+    """Start a stream, then a document; yield (stream tokens, document tokens done or None,
+    the pass's events) per pass until the document is prefilled."""
+    engine.submit(prompt(10), STREAM, request_id="stream")
     for _ in range(5):
-        engine.step()
-    engine.submit(prompt(1500, seed=9), GREEDY, request_id="doc")
-    passes_with_prefill = 0
+        yield 1, None, engine.step()
+    engine.submit(prompt(doc_tokens, seed=9), GREEDY, request_id="doc")
     while True:
         events = engine.step()
-        progress = [e for e in events if isinstance(e, PrefillProgress) and e.request_id == "doc"]
-        streamed = [e for e in events if isinstance(e, Token) and e.request_id == "stream"]
-        if progress and progress[-1].done == 1500 or not streamed:
-            break
-        if progress:
-            passes_with_prefill += 1
-            assert len(streamed) == 1  # the stream never waits a pass
-    assert passes_with_prefill >= 2  # the document was split across several passes
+        progress = [e.done for e in events if isinstance(e, PrefillProgress) and e.request_id == "doc"]
+        streamed = sum(isinstance(e, Token) and e.request_id == "stream" for e in events)
+        yield streamed, (progress[-1] if progress else None), events
+        if progress and progress[-1] == doc_tokens:
+            return
+
+
+STREAM = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+
+
+def test_long_prefill_mixes_into_every_pass_where_chunks_are_cheap(tiny):
+    """Mixing (min_interleave_chunk 0: always): every pass carries the stream's token and
+    a chunk of the document."""
+    engine = make_engine(tiny, prefill_chunk=512, min_interleave_chunk=0, interleave_ratio=50)
+    passes = list(stream_beside_a_document(engine))[5:]
+    assert all(streamed == 1 for streamed, _, _ in passes)  # the stream never waits a pass
+    assert all(done is not None for _, done, _ in passes)
+    assert len(passes) >= 3  # the document was split across several passes
+
+
+def test_long_prefill_takes_time_slices_where_chunks_are_dear(tiny):
+    """Time slices (a mixed pass would hold fewer than min_interleave_chunk tokens; ratio 1
+    holds none): `slice_every` passes carry the stream's token alone, then the document runs
+    alone in passes of up to `prefill_chunk`, and the stream carries on; chunks and slices
+    change none of its tokens."""
+    alone = tokens_of(run(make_engine(tiny), {"stream": (prompt(10), STREAM)})["stream"])
+    engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
+                         slice_every=3, max_slice_s=1e-9)  # every slice: one chunk pass
+    assert not engine.pacer.mixes()
+    passes = list(stream_beside_a_document(engine))
+    kinds = ["slice" if done and not streamed else "stream" if streamed and done is None
+             else (streamed, done) for streamed, done, _ in passes[5:]]
+    assert set(kinds) == {"slice", "stream"}, kinds  # never both in one pass
+    slices = [i for i, kind in enumerate(kinds) if kind == "slice"]
+    assert len(slices) == -(-1500 // 64)
+    assert slices[0] == 0  # the first slice at once
+    assert all(b - a == 4 for a, b in zip(slices, slices[1:]))  # 3 stream passes between
+    events = [e for _, _, step in passes for e in step if e.request_id == "stream"]
+    while not isinstance(events[-1], Finished):
+        events += [e for e in engine.step() if e.request_id == "stream"]
+    assert tokens_of(events) == alone
 
 
 def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
@@ -278,7 +309,8 @@ def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
 
 def engine_with_a_stream(model, **overrides) -> Engine:
     """An engine whose request "stream" has sampled its first token (so it is decoding)."""
-    engine = make_engine(model, min_interleave_chunk=8, interleave_ratio=1.0, **overrides)
+    # min_interleave_chunk 0: the document mixes into every pass, at the chunk set below.
+    engine = make_engine(model, min_interleave_chunk=0, interleave_ratio=1.0, **overrides)
     engine.submit(prompt(10), SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
                   request_id="stream")
     while not any(isinstance(e, Token) for e in engine.step()):
@@ -303,7 +335,7 @@ def test_short_prompts_run_whole_beside_a_stream_and_a_document_keeps_its_pace(t
     # The interleaved chunk is steered from timed passes; set it, as the steering would, so
     # the shares below do not depend on this machine's timing (passes that ran short
     # prompts whole do not steer it).
-    engine._interleave_chunk = 8
+    engine.pacer.interleave_chunk = 8
     events = engine.step()
     firsts = {e.request_id for e in events if isinstance(e, Token)}
     assert firsts == {"stream", "short0", "short1", "short2"}
@@ -318,7 +350,7 @@ def test_short_prompt_tokens_zero_interleaves_every_prompt(tiny):
     # prefill_chunk 16 caps the steered chunk below the 20-token prompt.
     engine = engine_with_a_stream(tiny, prefill_chunk=16, short_prompt_tokens=0)
     engine.submit(prompt(20, seed=3), GREEDY, request_id="short")
-    chunk = engine._interleave_chunk
+    chunk = engine.pacer.interleave_chunk
     events = engine.step()
     assert prefill_done(events, "short")[-1] == chunk < 20  # the interleaved chunk only
     assert not any(isinstance(e, Token) and e.request_id == "short" for e in events)

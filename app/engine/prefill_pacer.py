@@ -1,0 +1,142 @@
+"""How many prompt tokens a pass carries while other requests stream.
+
+A long prompt (a dropped document) must keep moving beside a streaming chat without making
+that chat's tokens slow. Which way to share the machine depends on what a chunk costs, so
+the pacer measures it from the engine's own passes instead of assuming a device:
+
+* Mixing: every pass carries the decode tokens plus a chunk steered so the pass takes about
+  `interleave_ratio` decode passes. Right where many prompt tokens fit in that time (a GPU).
+* Time slices: where only a few fit (a CPU: a small chunk pays the pass's fixed part and its
+  own attention over the context, so per prompt token a 16-token chunk costs ~3x what a
+  400-token one does), mixing would slow every stream token and read the document at a
+  fraction of its speed alone. Instead `slice_every` passes carry decode tokens only, then
+  the prompt runs alone for a slice of time -- passes of up to `prefill_chunk` prompt
+  tokens, the streams left out, as when nobody streams -- long enough that it gets
+  `prefill_share` of the time: share / (1 - share) of the time the streams had since the
+  last slice, at most `max_slice_s`. A stream's token is late in one gap of every
+  `slice_every + 1`, and the slice reads the document at its speed alone. (One big chunk
+  per slice would not: attention within a chunk grows with its square, so 1,300 tokens in
+  one pass took 2.5x what they take in 512-token chunks.)
+
+The regime is `mixes()`: mixing when a chunk of at least `min_interleave_chunk` tokens fits
+in the mixing budget at the measured cost per prompt token. Passes short prompts ran whole
+in (`short_prompt_tokens`) are neither kind: they are the engine's, not the pacer's.
+`plan` says what the next pass carries; `learn` is told what it cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PacingConfig:
+    prefill_chunk: int  # most prompt tokens in a pass when nobody streams
+    interleave_ratio: float  # a mixed pass may take this many decode passes
+    min_interleave_chunk: int  # mix only when at least this many prompt tokens fit a pass
+    prefill_share: float  # the time a prompt gets in slices, beside the streams
+    slice_every: int  # passes without prompt tokens between two slices
+    max_slice_s: float  # longest slice (a stream waits this long for one token)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    prompt_tokens: int  # prompt tokens the pass may carry (besides short prompts run whole)
+    decode: bool = True  # whether the streams' decode tokens ride along (not in a slice)
+
+
+
+class PrefillPacer:
+    def __init__(self, config: PacingConfig):
+        self.config = config
+        self.decode_pass_s = 0.0  # a pass carrying only decode tokens
+        self.token_s = 0.0  # one more prompt token in a long chunk, at the current context
+        self.interleave_chunk = self._mixed_floor()
+        # Start as if the streams had run a whole slice's worth: the first prompt to arrive
+        # beside a stream gets its first slice at once.
+        self._since_slice = config.slice_every
+        self._since_slice_s = self._full_slice_credit()
+        self._slice_left_s = 0.0  # > 0: a slice is under way, with this much time left
+
+    # ---- what the next pass carries --------------------------------------------------
+
+    def mixes(self) -> bool:
+        """Whether prompts share every pass (mixing) rather than taking time slices."""
+        floor = self.config.min_interleave_chunk
+        if floor <= 0:
+            return True
+        if not self.token_s:
+            return False
+        fits = (self.config.interleave_ratio - 1) * self.decode_pass_s / self.token_s
+        return fits >= floor
+
+    def plan(self, streaming: bool) -> PassPlan:
+        """What the next pass carries; `streaming`: some requests are decoding."""
+        c = self.config
+        if not streaming:
+            return PassPlan(c.prefill_chunk)
+        if self.mixes():
+            return PassPlan(self.interleave_chunk)
+        if self._slice_left_s <= 0:
+            if self._since_slice < c.slice_every:
+                return PassPlan(0)
+            share = c.prefill_share
+            self._slice_left_s = min(share / (1 - share) * self._since_slice_s, c.max_slice_s)
+        return PassPlan(c.prefill_chunk, decode=False)
+
+    # ---- learning from passes ---------------------------------------------------------
+
+    def warmed_up(self, decode_s: float, small: int, small_s: float, chunk: int,
+                  chunk_s: float) -> None:
+        """First estimates from the warm-up: passes of 1, `small` and `chunk` tokens."""
+        self.decode_pass_s = decode_s
+        self.token_s = max(chunk_s - small_s, 1e-6) / (chunk - small)
+        base = max(small_s - small * self.token_s, 0.0)
+        target = self.config.interleave_ratio * decode_s
+        self.interleave_chunk = self._clamp((target - base) / self.token_s)
+
+    def learn(self, seconds: float, prompt_tokens: int, paced_tokens: int,
+              streaming: bool) -> None:
+        """A pass took `seconds`, carrying `prompt_tokens` prompt tokens, `paced_tokens` of
+        them from the plan (the rest were short prompts run whole); `streaming`: some
+        requests were decoding (in the pass, or left out of it for a slice)."""
+        if not prompt_tokens:
+            self.decode_pass_s = _ema(self.decode_pass_s, seconds)
+        else:
+            # What prompt tokens cost beyond a pass's fixed part (about a decode pass), at
+            # the chunk size just run: for a mixed chunk, its own cost, which is what decides
+            # whether mixing pays.
+            extra = max(seconds - self.decode_pass_s, 1e-6)
+            self.token_s = _ema(self.token_s, extra / prompt_tokens, 0.5)
+        if self._slice_left_s > 0:
+            self._slice_left_s -= seconds
+            # Another chunk only if most of it fits the time left (and a prompt still needs it).
+            if not paced_tokens or self._slice_left_s < 0.5 * seconds:
+                self._slice_left_s = 0.0
+                self._since_slice, self._since_slice_s = 0, 0.0
+            return
+        if not streaming:
+            return
+        self._since_slice += 1
+        self._since_slice_s = min(self._since_slice_s + seconds, self._full_slice_credit())
+        if paced_tokens and prompt_tokens == paced_tokens:
+            # Damped: the pass has a fixed part that does not shrink with the chunk.
+            target = self.config.interleave_ratio * self.decode_pass_s
+            self.interleave_chunk = self._clamp(
+                self.interleave_chunk * (target / max(seconds, 1e-6)) ** 0.5)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _full_slice_credit(self) -> float:
+        share = self.config.prefill_share
+        return self.config.max_slice_s * (1 - share) / share
+
+    def _mixed_floor(self) -> int:
+        return max(1, self.config.min_interleave_chunk)
+
+    def _clamp(self, size: float) -> int:
+        return int(max(self._mixed_floor(), min(self.config.prefill_chunk, size)))
+
+
+def _ema(old: float, new: float, weight: float = 0.3) -> float:
+    return new if not old else old + weight * (new - old)

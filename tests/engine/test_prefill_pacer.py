@@ -1,0 +1,94 @@
+"""The prefill pacer on made-up pass times: which regime it picks, and what each pass carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.prefill_pacer import PacingConfig, PassPlan, PrefillPacer
+
+CPU_LIKE = dict(decode_s=0.020, small=4, small_s=0.030, chunk=32, chunk_s=0.070)  # ~1.4 ms a token
+GPU_LIKE = dict(decode_s=0.010, small=4, small_s=0.0102, chunk=32, chunk_s=0.0116)  # 0.05 ms
+
+
+def pacer(warm_up=CPU_LIKE, **overrides) -> PrefillPacer:
+    config = dict(prefill_chunk=512, interleave_ratio=2.3, min_interleave_chunk=64,
+                  prefill_share=0.7, slice_every=24, max_slice_s=1.5)
+    p = PrefillPacer(PacingConfig(**(config | overrides)))
+    p.warmed_up(**warm_up)
+    return p
+
+
+def run_slice(p: PrefillPacer, pass_s: float) -> float:
+    """Run the slice the next plan starts, in passes of `pass_s`; returns its length."""
+    spent = 0.0
+    while (plan := p.plan(streaming=True)) == PassPlan(512, decode=False):
+        p.learn(pass_s, 512, 512, streaming=True)
+        spent += pass_s
+    assert plan == PassPlan(0)  # then the streams' turn
+    return spent
+
+
+def test_nobody_streaming_gets_the_whole_prefill_chunk():
+    assert pacer().plan(streaming=False) == PassPlan(512)
+
+
+def test_where_few_tokens_fit_a_mixed_pass_the_prompt_takes_time_slices():
+    p = pacer()  # 1.3 x 20 ms holds ~18 tokens at 1.4 ms: fewer than 64
+    assert not p.mixes()
+    # The first prompt beside a stream gets a whole slice at once (1.5 s, in prefill_chunk
+    # passes, the streams left out).
+    assert run_slice(p, 0.3) == pytest.approx(1.5)
+    # Then `slice_every` passes of decode tokens, and a slice worth share / (1 - share) of
+    # their time: 0.7 / 0.3 x 24 x 0.02 s = 1.12 s.
+    for _ in range(24):
+        assert p.plan(streaming=True) == PassPlan(0)
+        p.learn(0.020, 0, 0, streaming=True)
+    assert not p.mixes()  # 512 tokens in 0.28 s: ~0.5 ms a token, ~50 would fit
+    assert run_slice(p, 0.28) == pytest.approx(1.12)
+
+
+def test_a_slice_never_runs_past_max_slice_s():
+    p = pacer(slice_every=1, max_slice_s=0.5)
+    for _ in range(100):  # the streams ran long since the last slice
+        p.learn(0.020, 0, 0, streaming=True)
+    assert run_slice(p, 0.25) == pytest.approx(0.5)
+    # A chunk that would mostly run past the slice's end is left for the next slice.
+    for _ in range(100):
+        p.learn(0.020, 0, 0, streaming=True)
+    assert run_slice(p, 0.4) == pytest.approx(0.4)
+
+
+def test_a_slice_ends_when_no_prompt_needs_it():
+    p = pacer()
+    assert p.plan(streaming=True).decode is False
+    p.learn(0.1, 100, 100, streaming=True)  # the document's last 100 tokens
+    p.learn(0.02, 0, 0, streaming=True)  # nothing left to prefill: a decode pass
+    assert p.plan(streaming=True) == PassPlan(0)  # the next document waits its turn
+
+
+def test_where_many_tokens_fit_every_pass_carries_a_steered_chunk():
+    p = pacer(GPU_LIKE)  # 1.3 x 10 ms holds ~260 tokens at 0.05 ms
+    assert p.mixes()
+    plan = p.plan(streaming=True)
+    assert plan.decode and 64 <= plan.prompt_tokens <= 512
+    for _ in range(3):  # never waits for a slice
+        p.learn(0.023, plan.prompt_tokens, plan.prompt_tokens, streaming=True)
+        assert p.plan(streaming=True).prompt_tokens > 0
+    # A pass that ran over its time (2.3 decode passes) shrinks the chunk.
+    chunk = p.plan(streaming=True).prompt_tokens
+    p.learn(0.060, chunk, chunk, streaming=True)
+    assert p.plan(streaming=True).prompt_tokens < chunk
+
+
+def test_the_regime_follows_the_measured_cost_of_a_prompt_token():
+    p = pacer(GPU_LIKE)
+    assert p.mixes()
+    chunk = p.plan(streaming=True).prompt_tokens
+    p.learn(0.010 + chunk * 0.002, chunk, chunk, streaming=True)  # 2 ms a token after all
+    p.learn(0.010 + chunk * 0.002, chunk, chunk, streaming=True)
+    assert not p.mixes()
+
+
+def test_min_interleave_chunk_zero_always_mixes():
+    p = pacer(min_interleave_chunk=0)
+    assert p.mixes() and p.plan(streaming=True).prompt_tokens >= 1

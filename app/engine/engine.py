@@ -65,9 +65,9 @@ class EngineConfig:
     # tokens 4.3-4.7x slower and read a 3,000-token document 3-4x slower than alone.)
     interleave_ratio: float = 2.3
     min_interleave_chunk: int = 64
-    prefill_share: float = 0.7
+    prefill_share: float = 0.75
     slice_every: int = 24
-    max_slice_s: float = 1.5
+    max_slice_s: float = 3.0
     # A prompt with at most this many new tokens (a chat message, an API request) runs whole
     # in the next pass even while others stream, such prompts together up to `prefill_chunk`:
     # a stream's step runs longer once, instead of a new message's first token waiting at a

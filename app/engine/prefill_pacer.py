@@ -14,9 +14,14 @@ the pacer measures it from the engine's own passes instead of assuming a device:
   tokens, the streams left out, as when nobody streams -- long enough that it gets
   `prefill_share` of the time: share / (1 - share) of the time the streams had since the
   last slice, at most `max_slice_s`. A stream's token is late in one gap of every
-  `slice_every + 1`, and the slice reads the document at its speed alone. (One big chunk
-  per slice would not: attention within a chunk grows with its square, so 1,300 tokens in
-  one pass took 2.5x what they take in 512-token chunks.)
+  `slice_every + 1` -- a document's first slice too waits for `slice_every` stream passes,
+  so the late gaps stay under the 5% an inter-token p95 leaves out -- and the slice reads
+  the document at its speed alone. (One big chunk per slice would not: attention within a
+  chunk grows with its square, so 1,300 tokens in one pass took 2.5x what they take in
+  512-token chunks.) The price: a stream pauses for a slice, share / (1 - share) x
+  `slice_every` decode passes (~1.1 s for SmolLM2, ~2 s for Gemma 3 270M on a 2-core
+  CPU), every `slice_every`
+  tokens.
 
 The regime is `mixes()`: mixing when a chunk of at least `min_interleave_chunk` tokens fits
 in the mixing budget at the measured cost per prompt token. Passes short prompts ran whole
@@ -52,10 +57,11 @@ class PrefillPacer:
         self.decode_pass_s = 0.0  # a pass carrying only decode tokens
         self.token_s = 0.0  # one more prompt token in a long chunk, at the current context
         self.interleave_chunk = self._mixed_floor()
-        # Start as if the streams had run a whole slice's worth: the first prompt to arrive
-        # beside a stream gets its first slice at once.
-        self._since_slice = config.slice_every
-        self._since_slice_s = self._full_slice_credit()
+        # Passes the streams ran while a prompt waited for its slice, and their time: a slice
+        # is due after `slice_every`, and lasts share / (1 - share) of that time.
+        self._since_slice = 0
+        self._since_slice_s = 0.0
+        self._waited = False  # the pass being run was planned while a prompt waited
         self._slice_left_s = 0.0  # > 0: a slice is under way, with this much time left
 
     # ---- what the next pass carries --------------------------------------------------
@@ -79,6 +85,7 @@ class PrefillPacer:
             return PassPlan(self.interleave_chunk)
         if self._slice_left_s <= 0:
             if self._since_slice < c.slice_every:
+                self._waited = True
                 return PassPlan(0)
             share = c.prefill_share
             self._slice_left_s = min(share / (1 - share) * self._since_slice_s, c.max_slice_s)
@@ -115,10 +122,12 @@ class PrefillPacer:
                 self._slice_left_s = 0.0
                 self._since_slice, self._since_slice_s = 0, 0.0
             return
+        waited, self._waited = self._waited, False
         if not streaming:
             return
-        self._since_slice += 1
-        self._since_slice_s = min(self._since_slice_s + seconds, self._full_slice_credit())
+        if waited:  # streams' time only counts while a prompt waits for it to end
+            self._since_slice += 1
+            self._since_slice_s += seconds
         if paced_tokens and prompt_tokens == paced_tokens:
             # Damped: the pass has a fixed part that does not shrink with the chunk.
             target = self.config.interleave_ratio * self.decode_pass_s
@@ -126,10 +135,6 @@ class PrefillPacer:
                 self.interleave_chunk * (target / max(seconds, 1e-6)) ** 0.5)
 
     # ---- helpers ------------------------------------------------------------------------
-
-    def _full_slice_credit(self) -> float:
-        share = self.config.prefill_share
-        return self.config.max_slice_s * (1 - share) / share
 
     def _mixed_floor(self) -> int:
         return max(1, self.config.min_interleave_chunk)

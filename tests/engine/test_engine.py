@@ -272,20 +272,20 @@ def test_long_prefill_mixes_into_every_pass_where_chunks_are_cheap(tiny):
 
 def test_long_prefill_takes_time_slices_where_chunks_are_dear(tiny):
     """Time slices (a mixed pass would hold fewer than min_interleave_chunk tokens; ratio 1
-    holds none): `slice_every` passes carry the stream's token alone, then the document runs
-    alone in passes of up to `prefill_chunk`, and the stream carries on; chunks and slices
-    change none of its tokens."""
+    holds none): from the document's arrival, `slice_every` passes carry the stream's token
+    alone, then the document runs alone in passes of up to `prefill_chunk`, and so on;
+    chunks and slices change none of the stream's tokens."""
     alone = tokens_of(run(make_engine(tiny), {"stream": (prompt(10), STREAM)})["stream"])
     engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
                          slice_every=3, max_slice_s=1e-9)  # every slice: one chunk pass
     assert not engine.pacer.mixes()
     passes = list(stream_beside_a_document(engine))
-    kinds = ["slice" if done and not streamed else "stream" if streamed and done is None
-             else (streamed, done) for streamed, done, _ in passes[5:]]
+    kinds = ["slice" if done and not streamed else "stream" if streamed and not done
+             else (streamed, done) for streamed, done, _ in passes[5:]]  # (done 0: admitted)
     assert set(kinds) == {"slice", "stream"}, kinds  # never both in one pass
     slices = [i for i, kind in enumerate(kinds) if kind == "slice"]
     assert len(slices) == -(-1500 // 64)
-    assert slices[0] == 0  # the first slice at once
+    assert slices[0] == 3  # the first slice too waits for 3 stream passes
     assert all(b - a == 4 for a, b in zip(slices, slices[1:]))  # 3 stream passes between
     events = [e for _, _, step in passes for e in step if e.request_id == "stream"]
     while not isinstance(events[-1], Finished):

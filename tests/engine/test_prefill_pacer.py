@@ -32,34 +32,48 @@ def test_nobody_streaming_gets_the_whole_prefill_chunk():
     assert pacer().plan(streaming=False) == PassPlan(512)
 
 
+def stream_passes(p: PrefillPacer, n: int, seconds: float = 0.020) -> None:
+    """`n` passes of decode tokens only (the plan gives the prompt nothing meanwhile)."""
+    for _ in range(n):
+        assert p.plan(streaming=True) == PassPlan(0)
+        p.learn(seconds, 0, 0, streaming=True)
+
+
 def test_where_few_tokens_fit_a_mixed_pass_the_prompt_takes_time_slices():
     p = pacer()  # 1.3 x 20 ms holds ~18 tokens at 1.4 ms: fewer than 64
     assert not p.mixes()
-    # The first prompt beside a stream gets a whole slice at once (1.5 s, in prefill_chunk
-    # passes, the streams left out).
-    assert run_slice(p, 0.3) == pytest.approx(1.5)
-    # Then `slice_every` passes of decode tokens, and a slice worth share / (1 - share) of
-    # their time: 0.7 / 0.3 x 24 x 0.02 s = 1.12 s.
-    for _ in range(24):
-        assert p.plan(streaming=True) == PassPlan(0)
-        p.learn(0.020, 0, 0, streaming=True)
+    # `slice_every` passes of decode tokens, then the prompt runs alone (passes of
+    # prefill_chunk, the streams left out) for share / (1 - share) of their time:
+    # 0.7 / 0.3 x 24 x 0.02 s = 1.12 s.
+    stream_passes(p, 24)
+    assert run_slice(p, 0.28) == pytest.approx(1.12)
     assert not p.mixes()  # 512 tokens in 0.28 s: ~0.5 ms a token, ~50 would fit
+    stream_passes(p, 24)  # and again
+    assert run_slice(p, 0.28) == pytest.approx(1.12)
+
+
+def test_a_document_waits_one_phase_of_the_streams_however_long_they_ran_before():
+    """Only passes run while a prompt waited count: the late gaps stay 1 in slice_every + 1
+    from the document's arrival on, and the first slice is as long as the others."""
+    p = pacer()
+    for _ in range(500):  # a stream ran long before the document came
+        p.learn(0.020, 0, 0, streaming=True)
+    stream_passes(p, 24)
     assert run_slice(p, 0.28) == pytest.approx(1.12)
 
 
 def test_a_slice_never_runs_past_max_slice_s():
-    p = pacer(slice_every=1, max_slice_s=0.5)
-    for _ in range(100):  # the streams ran long since the last slice
-        p.learn(0.020, 0, 0, streaming=True)
+    p = pacer(max_slice_s=0.5)
+    stream_passes(p, 24)
     assert run_slice(p, 0.25) == pytest.approx(0.5)
     # A chunk that would mostly run past the slice's end is left for the next slice.
-    for _ in range(100):
-        p.learn(0.020, 0, 0, streaming=True)
+    stream_passes(p, 24)
     assert run_slice(p, 0.4) == pytest.approx(0.4)
 
 
 def test_a_slice_ends_when_no_prompt_needs_it():
     p = pacer()
+    stream_passes(p, 24)
     assert p.plan(streaming=True).decode is False
     p.learn(0.1, 100, 100, streaming=True)  # the document's last 100 tokens
     p.learn(0.02, 0, 0, streaming=True)  # nothing left to prefill: a decode pass

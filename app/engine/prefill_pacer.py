@@ -20,8 +20,7 @@ the pacer measures it from the engine's own passes instead of assuming a device:
   chunk grows with its square, so 1,300 tokens in one pass took 2.5x what they take in
   512-token chunks.) The price: a stream pauses for a slice, share / (1 - share) x
   `slice_every` decode passes (~1.1 s for SmolLM2, ~2 s for Gemma 3 270M on a 2-core
-  CPU), every `slice_every`
-  tokens.
+  CPU), every `slice_every` tokens.
 
 The regime is `mixes()`: mixing when a chunk of at least `min_interleave_chunk` tokens fits
 in the mixing budget at the measured cost per prompt token. Passes short prompts ran whole

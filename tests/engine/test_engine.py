@@ -293,6 +293,19 @@ def test_long_prefill_takes_time_slices_where_chunks_are_dear(tiny):
     assert tokens_of(events) == alone
 
 
+def test_a_document_aborted_in_its_slice_gives_the_streams_the_next_pass(tiny):
+    engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
+                         slice_every=2, max_slice_s=60.0)  # a slice would take the whole document
+    passes = stream_beside_a_document(engine, doc_tokens=1500)
+    for streamed, done, _ in passes:
+        if done and not streamed:  # in the slice
+            break
+    engine.abort("doc")
+    events = engine.step()
+    assert any(isinstance(e, Token) and e.request_id == "stream" for e in events)
+    assert any(isinstance(e, Finished) and e.request_id == "doc" for e in events)
+
+
 def test_a_short_request_is_not_held_behind_a_long_prefill(tiny):
     """Shortest remaining prompt first: a 20-token request sent during a 1,500-token prefill
     gets its first token from the next pass, and the document keeps moving in that pass."""

@@ -38,7 +38,7 @@ from app.engine.events import (Event, Failed, Finished, PrefillProgress, Queued,
                                Usage)
 from app.engine.kv_disk import KVDiskStore, KVDiskWriter, chain_keys
 from app.engine.kv_pool import PagedBatchView, PagedKVPool
-from app.engine.prefill_pacer import PacingConfig, PassPlan, PrefillPacer
+from app.engine.prefill_pacer import PassPlan, PrefillPacer
 from app.engine.radix_cache import PagePool, RadixCache
 from app.engine.request import Phase, Request
 from app.engine.thread_tuner import ThreadTuner
@@ -120,9 +120,7 @@ class Engine:
         self._running: list[Request] = []  # admitted, in admission order
         self._ids = itertools.count(1)
         # How many prompt tokens a pass carries while others stream, learned from the passes.
-        self.pacer = PrefillPacer(PacingConfig(
-            config.prefill_chunk, config.interleave_ratio, config.min_interleave_chunk,
-            config.prefill_share, config.slice_every, config.max_slice_s))
+        self.pacer = PrefillPacer(config)
         # Weights in another format waiting to be swapped in between requests (replace_weights).
         self._replacement: tuple[LoadedModel, KVDiskStore | None] | None = None
         self.replacements_handled = 0  # swapped in or refused, for whoever waits on one

@@ -31,16 +31,10 @@ in (`short_prompt_tokens`) are neither kind: they are the engine's, not the pace
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-
-@dataclass(frozen=True)
-class PacingConfig:
-    prefill_chunk: int  # most prompt tokens in a pass when nobody streams
-    interleave_ratio: float  # a mixed pass may take this many decode passes
-    min_interleave_chunk: int  # mix only when at least this many prompt tokens fit a pass
-    prefill_share: float  # the time a prompt gets in slices, beside the streams
-    slice_every: int  # passes without prompt tokens between two slices
-    max_slice_s: float  # longest slice (a stream waits this long for one token)
+if TYPE_CHECKING:
+    from app.engine.engine import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -49,9 +43,11 @@ class PassPlan:
     decode: bool = True  # whether the streams' decode tokens ride along (not in a slice)
 
 
-
 class PrefillPacer:
-    def __init__(self, config: PacingConfig):
+    """Reads its settings off the engine's: `prefill_chunk`, `interleave_ratio`,
+    `min_interleave_chunk`, `prefill_share`, `slice_every`, `max_slice_s`."""
+
+    def __init__(self, config: EngineConfig):
         self.config = config
         self.decode_pass_s = 0.0  # a pass carrying only decode tokens
         self.token_s = 0.0  # one more prompt token in a long chunk, at the current context

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.prefill_pacer import PacingConfig, PassPlan, PrefillPacer
+from app.engine.engine import EngineConfig
+from app.engine.prefill_pacer import PassPlan, PrefillPacer
 
 CPU_LIKE = dict(decode_s=0.020, small=4, small_s=0.030, chunk=32, chunk_s=0.070)  # ~1.4 ms a token
 GPU_LIKE = dict(decode_s=0.010, small=4, small_s=0.0102, chunk=32, chunk_s=0.0116)  # 0.05 ms
@@ -13,7 +14,7 @@ GPU_LIKE = dict(decode_s=0.010, small=4, small_s=0.0102, chunk=32, chunk_s=0.011
 def pacer(warm_up=CPU_LIKE, **overrides) -> PrefillPacer:
     config = dict(prefill_chunk=512, interleave_ratio=2.3, min_interleave_chunk=64,
                   prefill_share=0.7, slice_every=24, max_slice_s=1.5)
-    p = PrefillPacer(PacingConfig(**(config | overrides)))
+    p = PrefillPacer(EngineConfig(**(config | overrides)))
     p.warmed_up(**warm_up)
     return p
 

@@ -234,6 +234,14 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
         results[f"streams_4_ctx{context}_tokens_per_s"] = round(rates[4], 1)
         results[f"streams_4_over_1_ctx{context}"] = round(rates[4] / rates[1], 2) if rates[1] else None
     results["aggregate_4_streams_tokens_per_s"] = results["streams_4_ctx24_tokens_per_s"]
+    # ... and one stream in a long chat (a document in it): attention reads every position's
+    # keys each token, so this is where the KV cache's dtype shows.
+    engine.clear_cache()
+    long_chat = bos_prefix(tok) + filler_ids(tok, min(4000, engine.context_length - 128), salt=30)
+    _drive(engine, {"long": (long_chat, SamplingParams(max_tokens=1, **greedy))})
+    rate = _decoding_rate(_drive(engine, {"long": (long_chat, SamplingParams(max_tokens=96, **greedy))}))
+    results["decode_ctx4000_tokens_per_s"] = round(rate, 1)
+    results["kv_dtype"] = str(loaded.kv_dtype).removeprefix("torch.")
 
     # 6. a short request sent during a long prefill, and alone
     engine.clear_cache()

@@ -7,6 +7,7 @@ float32, and whether greedy decoding from the reference prompts (tests/fixtures/
 when given, the shared Gemma reference) gives the same tokens as float32.
 
     .venv/bin/python scripts/measure_weight_quality.py --model default --formats float32,int4,auto
+    .venv/bin/python scripts/measure_weight_quality.py --formats float32,auto --kv float32,bfloat16
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def license_text() -> str:
 def mean_nll(loaded, ids: list[int], chunk: int = 256) -> float:
     from app.engine.contiguous_kv import ContiguousKV
 
-    kv = ContiguousKV(loaded.kv_facts, len(ids), loaded.device, loaded.compute_dtype)
+    kv = ContiguousKV(loaded.kv_facts, len(ids), loaded.device, loaded.kv_dtype)
     total, count = 0.0, 0
     while kv.length < len(ids) - 1:
         start = kv.length
@@ -55,7 +56,7 @@ def greedy(loaded, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens after `prompt`, one model step at a time (no engine, no stop tokens)."""
     from app.engine.contiguous_kv import ContiguousKV
 
-    kv = ContiguousKV(loaded.kv_facts, len(prompt) + n, loaded.device, loaded.compute_dtype)
+    kv = ContiguousKV(loaded.kv_facts, len(prompt) + n, loaded.device, loaded.kv_dtype)
     out, step = [], prompt
     for _ in range(n):
         hidden = loaded.model(torch.tensor([step]), kv.positions(len(step)), kv)
@@ -119,6 +120,9 @@ def main() -> int:
     parser.add_argument("--requantize", default="",
                         help="comma-separated block formats (Q4_0,Q4_1,Q5_0,Q5_1,Q8_0): measure "
                              "--formats on a copy of the model re-quantized to each, too")
+    parser.add_argument("--kv", default="policy",
+                        help="comma-separated KV cache dtypes to measure each format with "
+                             "(policy: what the load plan says; float32, bfloat16)")
     parser.add_argument("--skip-shipped", action="store_true",
                         help="with --requantize: only the re-quantized copies")
     args = parser.parse_args()
@@ -140,9 +144,14 @@ def measure_file(path: Path, args, label: str) -> None:
     from app.engine.device import load_on
     from app.models.prompt import bos_prefix
 
+    import dataclasses
+
     base_nll, base_tokens = None, None
-    for fmt in args.formats.split(","):
+    runs = [(fmt, kv) for fmt in args.formats.split(",") for kv in args.kv.split(",")]
+    for fmt, kv in runs:
         loaded = load_on(path, "cpu", fmt)
+        if kv != "policy":
+            loaded.load_plan = dataclasses.replace(loaded.load_plan, kv_dtype=getattr(torch, kv))
         tok = loaded.tokenizer
         ids = (bos_prefix(tok) + tok.encode(license_text()))[: args.tokens]
         prompts = reference_prompts(loaded.name, args.shared)
@@ -155,6 +164,7 @@ def measure_file(path: Path, args, label: str) -> None:
                       for a, b in zip(outs, base_tokens)]
         print(json.dumps({"model": loaded.name, "file": f"{path.name} ({label})", "format": fmt,
                           "weights": loaded.weights_label,
+                          "kv": str(loaded.kv_dtype).removeprefix("torch."),
                           "tokens": len(ids), "mean_nll": round(nll, 5),
                           "vs_first_pct": round(100 * (nll - base_nll) / base_nll, 3),
                           "perplexity": round(math.exp(nll), 3),

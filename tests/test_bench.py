@@ -14,7 +14,8 @@ FIGURES = ["decode_tokens_per_s", "prefill_tokens_per_s", "follow_up_ttft_cold_s
            "follow_up_ttft_warm_s", "follow_up_cached_tokens", "itl_solo_p50_ms",
            "itl_solo_p95_ms", "itl_during_prefill_p95_ms", "aggregate_4_streams_tokens_per_s",
            "document_prefill_alone_s", "document_beside_stream_over_alone",
-           "streams_4_over_1_ctx24", "streams_4_over_1_ctx1000", "short_during_long_prefill_ttft_s",
+           "streams_4_over_1_ctx24", "streams_4_over_1_ctx1000", "decode_ctx4000_tokens_per_s",
+           "short_during_long_prefill_ttft_s",
            "short_alone_ttft_s", "requests_8_last_over_first", "peak_rss_mb"]
 
 

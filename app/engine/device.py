@@ -129,6 +129,9 @@ class LoadPlan:
     # How the CPU policy's choice was arrived at (kernel_policy.MEASURED, CHECKED, UNCHECKED,
     # ...); "" when no measured policy applies (a dtype chosen by hand, another device).
     policy_status: str = ""
+    # The KV cache's dtype when the policy measured one faster than the activations' dtype
+    # (None: the activations' dtype, as every plan without a measured policy).
+    kv_dtype: torch.dtype | None = None
 
 
 def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None) -> LoadPlan:
@@ -136,7 +139,7 @@ def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None)
     fmt, wide = policy.weight_format(device, file_bytes)
     reason = policy.reason + (" (cached)" if policy.cached and "(cached" not in policy.reason else "")
     return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason, shapes, file_bytes,
-                    policy.status)
+                    policy.status, policy.kv_dtype)
 
 
 def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> LoadPlan:

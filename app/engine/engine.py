@@ -110,10 +110,7 @@ class Engine:
         self._kv_writer = KVDiskWriter(kv_store) if kv_store is not None else None
         self._pending_saves: list[tuple[list[int], str | None]] = []
         self._cache_owners: dict[str, str] = {}
-        num_pages = config.kv_tokens // config.page_size + 1  # + the reserved page 0
-        self.pool = PagedKVPool(loaded.kv_facts, num_pages, config.page_size, loaded.device,
-                                loaded.compute_dtype)
-        self.pages = PagePool(num_pages)
+        self.pool, self.pages = self._new_pool()
         self.cache = RadixCache(config.page_size)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
@@ -255,6 +252,12 @@ class Engine:
         finally:
             self.replacements_handled += 1
 
+    def _new_pool(self) -> tuple[PagedKVPool, PagePool]:
+        config, loaded = self.config, self.loaded
+        num_pages = config.kv_tokens // config.page_size + 1  # + the reserved page 0
+        return (PagedKVPool(loaded.kv_facts, num_pages, config.page_size, loaded.device,
+                            loaded.kv_dtype), PagePool(num_pages))
+
     def _swap_in(self, fresh: LoadedModel, store: KVDiskStore | None) -> None:
         loaded = self.loaded
         if fresh.compute_dtype != loaded.compute_dtype or fresh.kv_facts != loaded.kv_facts:
@@ -270,6 +273,9 @@ class Engine:
                      "policy_reason", "load_plan"):
             setattr(loaded, name, getattr(fresh, name))
         self.pages.release(self.cache.clear())
+        if self.pool.dtype != loaded.kv_dtype:  # the policy measured another KV dtype
+            # Nothing runs or waits (see `step`), so no sequence holds a page: a new pool.
+            self.pool, self.pages = self._new_pool()
         self._warm_up()
 
     def _accept(self, request_id: str, prompt_ids: list[int], params: SamplingParams,

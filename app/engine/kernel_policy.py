@@ -54,6 +54,17 @@ bfloat16 or float32 activations (`app.models.quantized`). Every one meets the qu
 of a mean negative log-likelihood within 0.5% of the float32 model on a long public text
 (scripts/measure_weight_quality.py reports the figures per format and model); a kind that
 ever fails it belongs in `FAILS_QUALITY` and is never chosen.
+
+The KV cache's dtype is measured in the same repetitions (`KV_KINDS`): one decode step's
+attention, every layer over its own keys at `KV_CONTEXT` positions (so the keys come from
+memory, as in a long chat), and one prefill chunk's attention, in float32 and in bfloat16.
+A long chat's decode step is mostly attention; bfloat16 keys are half the bytes, which pays
+where attention waits for memory and the CPU converts bfloat16 quickly (measured on a 2-core
+AMX Xeon: 30 layers at 3,000 positions 12.6 -> 9.4 ms, equal at 1,000), and costs where it
+does not. bfloat16 is chosen only when its decode attention beats float32's by more than the
+noise (and `MIN_GAIN`) and its prefill attention is no slower beyond the noise; float32
+stays the default, and the exact reference (a dtype chosen by hand keeps its KV in the
+activations' dtype). Its quality cost is reported by the same script (`--kv bfloat16`).
 """
 
 from __future__ import annotations
@@ -80,7 +91,8 @@ CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters
 # What a measurement times. Bumped whenever that changes, so older entries are measured again:
 # 3: products as the engine runs them (joined QKV and gate/up, 4-bit planes per weight, float
 # leftovers of a 4-bit load), weights streamed past the last-level cache, the stall probe.
-MEASURE_VERSION = 3
+# 4: the KV cache's dtype (attention in float32 and bfloat16) in the same repetitions.
+MEASURE_VERSION = 4
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
@@ -114,6 +126,13 @@ _HEAD_ROWS_TIMED = 8_192
 _PASS_CAP_S = 0.1
 # At most this many bytes of weight copies per kind, whatever the cache size says.
 _STREAM_MAX_BYTES = 256 * 2**20
+# KV cache candidates, the default first (what a cache holds when no measurement says otherwise).
+KV_KINDS = ("float32", "bfloat16")
+KV_DEFAULT = "float32"
+# Positions a timed decode attention reads per layer: a chat with a document in it.
+KV_CONTEXT = 2048
+# Queries of the timed prefill attention (one layer; keys: the chunk and as many before it).
+KV_PREFILL_ROWS = PREFILL_ROWS
 # Two copies of the weights (decode and prefill kinds differ) only for model files up to
 # this size (a Q4 file of 800 MB is ~1.4B parameters).
 TWO_COPIES_MAX_FILE_BYTES = 800 * 2**20
@@ -129,13 +148,16 @@ class ModelShapes:
     whose blocks fit the 4-bit kernel stay quantized: planes 1 (Q4 blocks) or 2 (Q5/Q8),
     0 for a weight that stays a float (Q6_K, float tensors); joined only where `layers.fuse`
     joins them (same planes, parts of 64-row multiples). `head`: the output projection
-    (out, in), with `head_planes` as a 4-bit weight (0: it stays a float)."""
+    (out, in), with `head_planes` as a 4-bit weight (0: it stays a float). `kv`: (layers,
+    query heads, KV heads, head dim) of its attention, for timing the KV cache's dtype
+    (zeros: unknown, the cache keeps its default)."""
 
     name: str
     layers: dict[tuple[int, int], int]
     head: tuple[int, int]
     int4_layers: dict[tuple[int, int, int], int] = field(default_factory=dict)
     head_planes: int = 0
+    kv: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def int4_fraction(self) -> float:
@@ -150,7 +172,9 @@ class ModelShapes:
     def key(self) -> str:
         floats = ",".join(f"{n}x{k}*{c}" for (n, k), c in sorted(self.layers.items()))
         int4 = ",".join(f"{n}x{k}/{p}*{c}" for (n, k, p), c in sorted(self.int4_layers.items()))
-        return f"{self.name}|{floats}|int4 {int4}|head {self.head[0]}x{self.head[1]}/{self.head_planes}"
+        kv = "/".join(map(str, self.kv))
+        return (f"{self.name}|{floats}|int4 {int4}|head {self.head[0]}x{self.head[1]}/"
+                f"{self.head_planes}|kv {kv}")
 
 
 # How a policy was arrived at, for the status bar, `bench` and the comparison script.
@@ -164,7 +188,8 @@ NOT_MEASURED = "default, not measured"
 
 @dataclass
 class Policy:
-    """What to store and multiply with: the decode kind, the prefill kind, and why."""
+    """What to store and multiply with: the decode kind, the prefill kind, the KV cache's
+    dtype, and why."""
 
     decode: str
     prefill: str
@@ -176,6 +201,13 @@ class Policy:
     noise: float = 0.0  # the largest relative spread of the leading kinds' timings
     measured_at: float = 0.0  # time.time() of the full measurement
     status: str = ""  # MEASURED, CHECKED, ...: not stored
+    kv: str = KV_DEFAULT
+    kv_ms: dict[str, float] = field(default_factory=dict)  # a decode step's attention
+
+    @property
+    def kv_dtype(self) -> torch.dtype | None:
+        """The KV cache's dtype, or None for the default (the activations' dtype)."""
+        return None if self.kv == KV_DEFAULT else _FLOAT[self.kv]
 
     def weight_format(self, device: torch.device, file_bytes: int) -> tuple[WeightFormat, torch.dtype | None]:
         """The format to load with, and the wide (prefill) float dtype when two copies are kept.
@@ -233,7 +265,8 @@ def measurement_id() -> str:
     prefill rows and the candidate kinds. Part of every cache key, so changing any of them
     measures again."""
     return (f"v{CACHE_VERSION} m{MEASURE_VERSION} | {PREFILL_ROWS} rows | "
-            f"{'/'.join(KINDS)} | prefill {'/'.join(PREFILL_KINDS)}")
+            f"{'/'.join(KINDS)} | prefill {'/'.join(PREFILL_KINDS)} | "
+            f"kv {'/'.join(KV_KINDS)} at {KV_CONTEXT}")
 
 
 def cache_key(shapes: ModelShapes) -> str:
@@ -276,11 +309,12 @@ def _policy_from(entry) -> Policy | None:
         policy = Policy(**{**entry, "cached": True, "status": UNCHECKED})
     except TypeError:
         return None
-    numbers = [*policy.decode_ms.values(), *policy.prefill_ms.values(), policy.noise,
-               policy.measured_at] if isinstance(policy.decode_ms, dict) and isinstance(
-                   policy.prefill_ms, dict) else [None]
+    numbers = [*policy.decode_ms.values(), *policy.prefill_ms.values(), *policy.kv_ms.values(),
+               policy.noise, policy.measured_at] if all(
+                   isinstance(t, dict) for t in (policy.decode_ms, policy.prefill_ms, policy.kv_ms)
+               ) else [None]
     ok = (policy.decode in KINDS and policy.prefill in KINDS and policy.decode in policy.decode_ms
-          and policy.prefill in policy.prefill_ms
+          and policy.prefill in policy.prefill_ms and policy.kv in KV_KINDS
           and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers))
     return policy if ok else None
 
@@ -441,6 +475,51 @@ class _KindRun:
         return out
 
 
+class _KVRun:
+    """One KV dtype's attention, ready to time: every layer's own keys and values at
+    `KV_CONTEXT` positions (distinct tensors, so a step reads them from memory as a long
+    chat's does), queried as the model's attention queries them (the query heads sharing a
+    KV head folded into rows; float32 queries cast to the cache's dtype, the result cast
+    back, as `DecoderLayer._attend` does)."""
+
+    def __init__(self, shapes: ModelShapes, kind: str, gen: torch.Generator):
+        layers, heads, kv_heads, head_dim = shapes.kv
+        dtype = _FLOAT[kind]
+        shape = (1, kv_heads, KV_CONTEXT, head_dim)
+        self.keys = [torch.randn(shape, generator=gen).to(dtype) for _ in range(layers)]
+        self.values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(layers)]
+        group = heads // kv_heads
+        self.q1 = torch.randn(1, kv_heads, group, head_dim, generator=gen)
+        self.qp = torch.randn(1, kv_heads, group * KV_PREFILL_ROWS, head_dim, generator=gen)
+        self.scale = head_dim ** -0.5
+        self.dtype = dtype
+
+    def _attend(self, q: torch.Tensor, layer: int, keys: int) -> torch.Tensor:
+        k, v = self.keys[layer], self.values[layer]
+        if keys < k.shape[2]:
+            k, v = k[:, :, :keys], v[:, :, :keys]
+        out = torch.nn.functional.scaled_dot_product_attention(q.to(self.dtype), k, v, scale=self.scale)
+        return out.to(q.dtype)
+
+    def warm_up(self) -> None:
+        self._attend(self.q1, 0, KV_CONTEXT)
+        self._attend(self.qp, 0, 2 * KV_PREFILL_ROWS)
+
+    def decode_pass(self) -> float:
+        """Milliseconds for one decode step's attention, every layer."""
+        t0 = time.perf_counter()
+        for layer in range(len(self.keys)):
+            self._attend(self.q1, layer, KV_CONTEXT)
+        return 1000 * (time.perf_counter() - t0)
+
+    def prefill_pass(self) -> float:
+        """Milliseconds for one layer's prefill-chunk attention (the chunk and as many keys
+        before it)."""
+        t0 = time.perf_counter()
+        self._attend(self.qp, 0, 2 * KV_PREFILL_ROWS)
+        return 1000 * (time.perf_counter() - t0)
+
+
 _PROBE: torch.Tensor | None = None
 
 
@@ -483,6 +562,11 @@ class Measurement:
     stalled: float = 0.0
     stall_ms: float = 0.0  # the median wake-up of the stalled probes
     timed_once: tuple[str, ...] = ()  # kinds cut after the first repetition (SLOW_CUT)
+    # The KV cache's dtypes: a decode step's attention and one prefill chunk's, median ms,
+    # and the larger spread of the two per dtype (empty when the model's shapes lack `kv`).
+    kv_ms: dict[str, float] = field(default_factory=dict)
+    kv_prefill_ms: dict[str, float] = field(default_factory=dict)
+    kv_spread: dict[str, float] = field(default_factory=dict)
 
 
 def _totals(shapes: ModelShapes, per_kind: dict[str, dict[Key, float]], prefill: bool
@@ -532,6 +616,8 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
     stream = min(2 * last_level_cache_bytes(), _STREAM_MAX_BYTES)
     samples_d: dict[str, list[dict]] = {k: [] for k in decode}
     samples_p: dict[str, list[dict]] = {k: [] for k in prefill}
+    kv_kinds = list(KV_KINDS) if all(shapes.kv) else []
+    samples_kv: dict[str, list[tuple[float, float]]] = {k: [] for k in kv_kinds}
     probes: list[float] = []
     shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -549,10 +635,17 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
             runs = {kind: _KindRun(shapes, kind, gen, stream, inputs, busy) for kind in timed}
         except _Interrupted:
             return None
+        kv_runs = {}
+        for kind in kv_kinds:
+            if busy is not None and busy():
+                return None
+            kv_runs[kind] = _KVRun(shapes, kind, gen)
         for kind, run in runs.items():
             if busy is not None and busy():
                 return None
             run.warm_up(kind in prefill)
+        for run in kv_runs.values():
+            run.warm_up()
         active_d, active_p = set(decode), set(prefill)
         for rep in range(reps):
             for kind in timed[rep % len(timed):] + timed[:rep % len(timed)]:
@@ -565,6 +658,11 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
                     samples_d[kind].append(runs[kind].decode_pass())
                 if kind in active_p:
                     samples_p[kind].append(runs[kind].prefill_pass())
+            for kind in kv_kinds[rep % max(len(kv_kinds), 1):] + kv_kinds[:rep % max(len(kv_kinds), 1)]:
+                if busy is not None and busy():
+                    return None
+                probes.append(_probe_ms())
+                samples_kv[kind].append((kv_runs[kind].decode_pass(), kv_runs[kind].prefill_pass()))
             if rep == 0:  # a kind that cannot win is not timed again
                 for samples, active, is_prefill in ((samples_d, active_d, False),
                                                     (samples_p, active_p, True)):
@@ -577,10 +675,16 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
     decode_ms, decode_spread = _figures(shapes, samples_d, False)
     prefill_ms, prefill_spread = _figures(shapes, samples_p, True)
     once = tuple(k for k in timed if k not in active_d and k not in active_p)
+    kv_ms, kv_prefill_ms, kv_spread = {}, {}, {}
+    for kind, pairs in samples_kv.items():
+        if pairs:
+            kv_ms[kind] = round(statistics.median(d for d, _ in pairs), 3)
+            kv_prefill_ms[kind] = round(statistics.median(p for _, p in pairs), 3)
+            kv_spread[kind] = round(max(spread([d for d, _ in pairs]), spread([p for _, p in pairs])), 3)
     return Measurement(decode_ms, prefill_ms, decode_spread, prefill_spread,
                        round(sum(p > STALL_MS for p in probes) / max(len(probes), 1), 3),
                        round(statistics.median([p for p in probes if p > STALL_MS] or [0.0]), 3),
-                       once)
+                       once, kv_ms, kv_prefill_ms, kv_spread)
 
 
 def _figures(shapes: ModelShapes, samples: dict[str, list[dict]], prefill: bool
@@ -633,10 +737,38 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     noise = max(_noise(decode_ms, m.decode_spread, allowed),
                 _noise(prefill_ms, m.prefill_spread, prefill_allowed))
     label = decode if decode == prefill else f"{decode} decode, {prefill} prefill"
+    kv, kv_why = pick_kv(m)
+    if kv != KV_DEFAULT:
+        label += f", {kv} KV"
     return Policy(decode, prefill, label, _reason(decode_ms, prefill_ms, decode, prefill, allowed,
-                                                  shapes, noise),
+                                                  shapes, noise) + kv_why,
                   decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time(),
-                  status=MEASURED)
+                  status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms))
+
+
+def pick_kv(m: Measurement) -> tuple[str, str]:
+    """The KV cache's dtype from a measurement, and a clause saying why: bfloat16 when its
+    decode attention beats float32's by more than the noise (and `MIN_GAIN`) and its prefill
+    attention is no slower beyond the noise; float32 otherwise (also when the timings are
+    erratic, or missing)."""
+    if not all(k in m.kv_ms and k in m.kv_prefill_ms for k in KV_KINDS):
+        return KV_DEFAULT, ""
+    noise = max(m.kv_spread.get(k, 0.0) for k in KV_KINDS)
+    figures = (f"attention over {KV_CONTEXT:,} positions {m.kv_ms['bfloat16']:.1f} ms a step "
+               f"in bfloat16, {m.kv_ms['float32']:.1f} ms in float32; a {KV_PREFILL_ROWS}-row "
+               f"chunk's {m.kv_prefill_ms['bfloat16']:.1f} / {m.kv_prefill_ms['float32']:.1f} ms")
+    if noise > ERRATIC:
+        return KV_DEFAULT, f"; KV cache float32 (its timings were erratic: {figures})"
+    faster = m.kv_ms["bfloat16"] < m.kv_ms["float32"] * (1 - max(MIN_GAIN, noise))
+    if faster and _kv_prefill_keeps_up(m, "bfloat16", "float32"):
+        return "bfloat16", f"; KV cache bfloat16 ({figures})"
+    return KV_DEFAULT, f"; KV cache float32 ({figures})"
+
+
+def _kv_prefill_keeps_up(m: Measurement, kind: str, against: str) -> bool:
+    """Whether `kind`'s prefill-chunk attention is no slower than `against`'s beyond noise."""
+    margin = max(MIN_GAIN, m.kv_spread.get(kind, 0.0), m.kv_spread.get(against, 0.0))
+    return m.kv_prefill_ms.get(kind, math.inf) <= m.kv_prefill_ms.get(against, 0.0) * (1 + margin)
 
 
 def _noise(times: dict[str, float], spreads: dict[str, float], allowed: list[str]) -> float:
@@ -755,7 +887,8 @@ def judge(policy: Policy, m: Measurement) -> tuple[str, str]:
     if stalled:
         return UNCLEAR, stalled
     for what, times, cached, chosen in (("decode step", m.decode_ms, policy.decode_ms, policy.decode),
-                                        ("prefill", m.prefill_ms, policy.prefill_ms, policy.prefill)):
+                                        ("prefill", m.prefill_ms, policy.prefill_ms, policy.prefill),
+                                        ("KV attention", m.kv_ms, policy.kv_ms, policy.kv)):
         if chosen in times and cached.get(chosen, 0) > 0:
             ratio = times[chosen] / cached[chosen]
             if ratio > DRIFT or ratio < 1 / DRIFT:
@@ -773,9 +906,14 @@ def still_holds(policy: Policy, m: Measurement) -> bool | None:
     """Whether a re-timing `m` keeps the policy's choices ahead of the other kinds it timed
     (or behind by no more than the noise); None when the timings that decide it (the choice's
     and those of the kinds within `ERRATIC` of it or faster) are erratic. A kind timed far
-    behind cannot overturn the choice, so its noise does not matter."""
+    behind cannot overturn the choice, so its noise does not matter; nor can a KV dtype other
+    than the default whose prefill attention is slower beyond noise (`pick_kv` would not
+    take it)."""
+    kv_ms = {k: ms for k, ms in m.kv_ms.items()
+             if k in (policy.kv, KV_DEFAULT) or _kv_prefill_keeps_up(m, k, policy.kv)}
     for times, spreads, chosen in ((m.decode_ms, m.decode_spread, policy.decode),
-                                   (m.prefill_ms, m.prefill_spread, policy.prefill)):
+                                   (m.prefill_ms, m.prefill_spread, policy.prefill),
+                                   (kv_ms, m.kv_spread, policy.kv)):
         if chosen not in times:
             continue
         rivals = [k for k in times if k != chosen
@@ -837,7 +975,7 @@ def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
 
 # ---- a model file's shapes -----------------------------------------------------------------
 
-_SHAPES_VERSION = 2  # of the "files" section's entries (2: joined products, planes per weight)
+_SHAPES_VERSION = 3  # of the "files" section's entries (2: joined products, planes per weight; 3: kv)
 
 
 def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
@@ -859,7 +997,7 @@ def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
             return ModelShapes(known["name"], {_dims(k, 2): int(v) for k, v in known["layers"].items()},
                                _dims("x".join(map(str, known["head"])), 2),
                                {_dims(k, 3): int(v) for k, v in known["int4_layers"].items()},
-                               int(known["head_planes"]))
+                               int(known["head_planes"]), _dims(known["kv"], 4))
         except (KeyError, TypeError, ValueError, AttributeError):
             pass
     shapes = gguf_shapes(path)
@@ -869,7 +1007,8 @@ def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
         files[key] = {"version": _SHAPES_VERSION, "name": shapes.name,
                       "layers": {f"{n}x{k}": c for (n, k), c in shapes.layers.items()},
                       "int4_layers": {f"{n}x{k}x{p}": c for (n, k, p), c in shapes.int4_layers.items()},
-                      "head": list(shapes.head), "head_planes": shapes.head_planes}
+                      "head": list(shapes.head), "head_planes": shapes.head_planes,
+                      "kv": "x".join(map(str, shapes.kv))}
         try:
             write_cache(cache, files=files)
         except OSError:
@@ -934,6 +1073,7 @@ def gguf_shapes(path: Path) -> ModelShapes | None:
     head = None
     with GGUFFile(path) as gguf:
         name = gguf.get("general.name") if isinstance(gguf.get("general.name"), str) else path.stem
+        kv = _kv_dims(gguf)
         for tensor, info in gguf.tensors.items():
             if len(info.shape) != 2:
                 continue
@@ -954,4 +1094,23 @@ def gguf_shapes(path: Path) -> ModelShapes | None:
             layers[shape] = layers.get(shape, 0) + 1
         for shape in int4:
             int4_layers[shape] = int4_layers.get(shape, 0) + 1
-    return ModelShapes(name, layers, head[:2], int4_layers, head[2])
+    return ModelShapes(name, layers, head[:2], int4_layers, head[2],
+                       (len(per_layer), *kv[1:]) if kv[0] else kv)
+
+
+def _kv_dims(gguf) -> tuple[int, int, int, int]:
+    """(1, query heads, KV heads, head dim) from a GGUF file's attention metadata; zeros when
+    it has none this can read (per-layer head counts, an unknown layout)."""
+    arch = gguf.get("general.architecture")
+    if not isinstance(arch, str):
+        return (0, 0, 0, 0)
+    heads = gguf.get(f"{arch}.attention.head_count")
+    kv_heads = gguf.get(f"{arch}.attention.head_count_kv", heads)
+    width = gguf.get(f"{arch}.embedding_length")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in (heads, kv_heads, width)) or heads % kv_heads:
+        return (0, 0, 0, 0)
+    head_dim = gguf.get(f"{arch}.attention.key_length", width // heads)
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        return (0, 0, 0, 0)
+    return (1, heads, kv_heads, head_dim)

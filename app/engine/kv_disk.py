@@ -375,6 +375,6 @@ def open_store(root: Path, loaded, page_size: int, budget_bytes: int | None = No
     kv = loaded.kv_facts
     identity = StoreIdentity(
         model_sha256=model_fingerprint(loaded.path, root / "fingerprints.json"),
-        weights=loaded.weights_label, kv_dtype=str(loaded.compute_dtype).removeprefix("torch."),
+        weights=loaded.weights_label, kv_dtype=str(loaded.kv_dtype).removeprefix("torch."),
         page_size=page_size, n_layers=kv.n_layers, n_kv_heads=kv.n_kv_heads, head_dim=kv.head_dim)
     return KVDiskStore(root, identity, budget_bytes if budget_bytes is not None else default_budget_bytes(root))

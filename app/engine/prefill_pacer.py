@@ -23,7 +23,12 @@ the pacer measures it from the engine's own passes instead of assuming a device:
   CPU), every `slice_every` tokens.
 
 The regime is `mixes()`: mixing when a chunk of at least `min_interleave_chunk` tokens fits
-in the mixing budget at the measured cost per prompt token. Passes short prompts ran whole
+in the mixing budget at the cost per prompt token of a mixed chunk. That cost is learned
+from mixing passes alone (`mixed_token_s`): a long chunk's tokens are cheaper, so judging by
+the slices' cost swung a document near the line from slices to mixing and back (a CPU with
+a bfloat16 KV cache: 27 mixed passes of 2.3x a decode pass between two slices). Until a
+mixing pass has run, the estimate from long chunks must fit twice the floor
+(`UNMIXED_MARGIN`), since a mixed chunk's tokens cost more. Passes short prompts ran whole
 in (`short_prompt_tokens`) are neither kind: they are the engine's, not the pacer's.
 `plan` says what the next pass carries; `learn` is told what it cost.
 """
@@ -35,6 +40,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from app.engine.engine import EngineConfig
+
+
+# Before any mixing pass was measured, a long chunk's cost per token must fit this many times
+# `min_interleave_chunk` in the mixing budget (a mixed chunk's tokens cost ~1.5-2x as much).
+UNMIXED_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class PrefillPacer:
         self.config = config
         self.decode_pass_s = 0.0  # a pass carrying only decode tokens
         self.token_s = 0.0  # one more prompt token in a long chunk, at the current context
+        self.mixed_token_s = 0.0  # a prompt token in a mixed pass's chunk (0: none ran yet)
         self.interleave_chunk = self._mixed_floor()
         # Passes the streams ran while a prompt waited for its slice, and their time: a slice
         # is due after `slice_every`, and lasts share / (1 - share) of that time.
@@ -66,10 +77,12 @@ class PrefillPacer:
         floor = self.config.min_interleave_chunk
         if floor <= 0:
             return True
+        budget = (self.config.interleave_ratio - 1) * self.decode_pass_s
+        if self.mixed_token_s:
+            return budget / self.mixed_token_s >= floor
         if not self.token_s:
             return False
-        fits = (self.config.interleave_ratio - 1) * self.decode_pass_s / self.token_s
-        return fits >= floor
+        return budget / self.token_s >= UNMIXED_MARGIN * floor
 
     def plan(self, streaming: bool) -> PassPlan:
         """What the next pass carries; `streaming`: some requests are decoding."""
@@ -123,7 +136,9 @@ class PrefillPacer:
         if waited:  # streams' time only counts while a prompt waits for it to end
             self._since_slice += 1
             self._since_slice_s += seconds
-        if paced_tokens and prompt_tokens == paced_tokens:
+        if paced_tokens and prompt_tokens == paced_tokens:  # a mixing pass
+            extra = max(seconds - self.decode_pass_s, 1e-6)
+            self.mixed_token_s = _ema(self.mixed_token_s, extra / prompt_tokens, 0.5)
             # Damped: the pass has a fixed part that does not shrink with the chunk.
             target = self.config.interleave_ratio * self.decode_pass_s
             self.interleave_chunk = self._clamp(

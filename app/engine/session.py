@@ -232,7 +232,8 @@ class _PolicyTuner:
             else:
                 return
             new_plan = plan_from_policy(policy, self.loaded.device, plan.file_bytes, plan.shapes)
-            if (new_plan.dtype, new_plan.wide_dtype, new_plan.int4) == (plan.dtype, plan.wide_dtype, plan.int4):
+            if ((new_plan.dtype, new_plan.wide_dtype, new_plan.int4, new_plan.kv_dtype)
+                    == (plan.dtype, plan.wide_dtype, plan.int4, plan.kv_dtype)):
                 self.loaded.policy_label, self.loaded.policy_reason = new_plan.label, new_plan.reason
             else:
                 fresh = load_planned(self.loaded.path, self.loaded.device, new_plan)

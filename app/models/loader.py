@@ -64,8 +64,14 @@ class LoadedModel:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """Activations and KV cache."""
+        """Activations (and the KV cache, unless the load plan measured another dtype for it)."""
         return self.model.compute_dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: the load plan's measured choice, else the activations'.
+        Attention casts its queries to it and its result back (`DecoderLayer._attend`)."""
+        return getattr(self.load_plan, "kv_dtype", None) or self.compute_dtype
 
     @property
     def kv_facts(self) -> KVFacts:

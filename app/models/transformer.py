@@ -277,11 +277,18 @@ class DecoderLayer(torch.nn.Module):
         q = q.reshape(B, Hkv, G * T, D)
         if G > 1 and mask is not None:
             mask = mask.repeat(1, 1, G, 1)  # rows g*T + t use query t's mask
+        # A KV cache narrower than the activations (the CPU policy's bfloat16 cache): the
+        # queries meet the keys in its dtype, the result comes back in the activations'.
+        act_dtype = q.dtype
+        if keys.dtype != act_dtype:
+            q = q.to(keys.dtype)
         if c.attn_softcap is None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                  scale=c.attention_scale)
         else:
             out = _softcapped_attention(q, keys, values, mask, c.attention_scale, c.attn_softcap)
+        if out.dtype != act_dtype:
+            out = out.to(act_dtype)
         return out.view(B, H, T, D)
 
 

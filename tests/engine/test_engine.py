@@ -88,6 +88,58 @@ def test_paged_engine_matches_contiguous_cache(tiny):
     assert tokens_of(run(make_engine(tiny), {"a": (ids, GREEDY)})["a"]) == expected
 
 
+def _with_bfloat16_kv(loaded):
+    """`loaded` as a load plan with a measured bfloat16 KV cache leaves it."""
+    from app.engine.device import LoadPlan
+
+    loaded.load_plan = LoadPlan(torch.float32, None, None, "float32, bfloat16 KV", "test",
+                                kv_dtype=torch.bfloat16)
+    return loaded
+
+
+def test_a_bfloat16_kv_cache_is_what_the_pool_holds_and_attention_reads(tokenizer):
+    """Greedy tokens with a bfloat16 KV cache equal a plain contiguous bfloat16 cache's, and
+    stay the same whatever the chunk and whoever shares the pass."""
+    from tests.engine.conftest import make_tiny_model
+
+    model = _with_bfloat16_kv(make_tiny_model(tokenizer))
+    assert model.kv_dtype == torch.bfloat16 and model.compute_dtype == torch.float32
+    ids = prompt(70)
+    kv = ContiguousKV(model.config, 100, model.device, torch.bfloat16)
+    expected, chunk = [], ids
+    with torch.inference_mode():
+        for _ in range(12):
+            hidden = model.model(torch.tensor([chunk]), kv.positions(len(chunk)), kv)
+            assert hidden.dtype == torch.float32  # attention came back in the activations' dtype
+            kv.commit(len(chunk))
+            chunk = [int(model.model.logits(hidden[0, -1]).argmax())]
+            expected.append(chunk[0])
+    engine = make_engine(model)
+    assert engine.pool.dtype == torch.bfloat16
+    assert tokens_of(run(engine, {"a": (ids, GREEDY)})["a"]) == expected
+    for chunk_size in (7, len(ids)):
+        assert tokens_of(run(make_engine(model, prefill_chunk=chunk_size),
+                             {"a": (ids, GREEDY)})["a"]) == expected
+    both = run(make_engine(model), {"a": (ids, GREEDY), "b": (prompt(33, seed=4), GREEDY)})
+    assert tokens_of(both["a"]) == expected
+
+
+def test_a_kv_dtype_measured_later_gets_a_new_pool_at_the_swap(tokenizer):
+    from tests.engine.conftest import make_tiny_model
+
+    ids = prompt(40, seed=3)
+    with_bf16_kv = tokens_of(run(make_engine(_with_bfloat16_kv(make_tiny_model(tokenizer))),
+                                 {"a": (ids, GREEDY)})["a"])
+    engine = make_engine(make_tiny_model(tokenizer))
+    run(engine, {"a": (ids, GREEDY)})
+    assert engine.pool.dtype == torch.float32
+    engine.replace_weights(_with_bfloat16_kv(make_tiny_model(tokenizer)))
+    engine.step()
+    assert engine.replacements_handled == 1 and engine.pool.dtype == torch.bfloat16
+    again = run(engine, {"b": (ids, GREEDY)})["b"]
+    assert tokens_of(again) == with_bf16_kv and finished(again).usage.cached_tokens == 0
+
+
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_chunk_size_never_changes_the_tokens(tiny, params):
     ids = prompt(90)  # past the tiny model's 16-token sliding window

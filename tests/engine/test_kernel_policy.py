@@ -105,6 +105,64 @@ def test_a_real_measurement_times_every_kind_interleaved(monkeypatch):
     assert 0 <= m.stalled <= 1 and (m.stall_ms > kp.STALL_MS) == (m.stalled > 0)
 
 
+def _with_kv(m: kp.Measurement, decode: dict, prefill: dict, spread: float = 0.0) -> kp.Measurement:
+    return dataclasses.replace(m, kv_ms=decode, kv_prefill_ms=prefill,
+                               kv_spread={k: spread for k in decode})
+
+
+_WEIGHTS = ({"float32": 5.0, "float16": 3.0, "int4_bf16": 2.0}, {"float32": 50.0, "float16": 40.0})
+_KV_FASTER = ({"float32": 10.0, "bfloat16": 7.0}, {"float32": 4.0, "bfloat16": 2.0})
+
+
+@pytest.mark.parametrize("decode, prefill, spread, expected", [
+    (*_KV_FASTER, 0.02, "bfloat16"),
+    ({"float32": 10.0, "bfloat16": 9.7}, _KV_FASTER[1], 0.02, "float32"),  # a hair faster
+    ({"float32": 10.0, "bfloat16": 8.5}, _KV_FASTER[1], 0.20, "float32"),  # within the noise
+    # Faster decode, but a prefill chunk's attention slower (as bfloat16 without AVX-512-BF16)
+    (_KV_FASTER[0], {"float32": 4.0, "bfloat16": 9.0}, 0.02, "float32"),
+    ({"float32": 10.0, "bfloat16": 5.0}, _KV_FASTER[1], 0.40, "float32"),  # erratic
+])
+def test_the_kv_cache_is_bfloat16_only_when_measured_faster_beyond_noise(decode, prefill, spread,
+                                                                         expected):
+    policy = kp.choose(_with_kv(_m(*_WEIGHTS), decode, prefill, spread), TINY)
+    assert policy.kv == expected and policy.kv_ms == decode
+    assert ("bfloat16 KV" in policy.label) == (expected == "bfloat16")
+    assert f"KV cache {expected}" in policy.reason and "2,048 positions" in policy.reason
+    assert policy.kv_dtype == (torch.bfloat16 if expected == "bfloat16" else None)
+
+
+def test_without_kv_timings_the_cache_keeps_the_activations_dtype():
+    policy = kp.choose(_m(*_WEIGHTS), TINY)  # a model whose attention shape was not read
+    assert policy.kv == kp.KV_DEFAULT and policy.kv_dtype is None and "KV" not in policy.reason
+
+
+def test_a_cached_kv_dtype_loads_and_is_measured_again_only_when_overtaken(tmp_path):
+    from app.engine.device import plan_from_policy
+
+    policy = kp.choose(_with_kv(_m(*_WEIGHTS), *_KV_FASTER, 0.02), TINY)
+    kp._store(TINY, tmp_path, policy)
+    cached = kp.cached_policy(TINY, tmp_path)
+    assert cached.kv == "bfloat16" and cached.kv_ms == _KV_FASTER[0]
+    assert plan_from_policy(cached, torch.device("cpu"), 100 * 2**20).kv_dtype == torch.bfloat16
+    again = lambda decode, prefill: _with_kv(_m(*_WEIGHTS), decode, prefill, 0.02)  # noqa: E731
+    assert kp.judge(cached, again({"float32": 10.0, "bfloat16": 7.3}, _KV_FASTER[1]))[0] == kp.HOLDS
+    assert kp.judge(cached, again({"float32": 7.0, "bfloat16": 9.5}, _KV_FASTER[1])) == (
+        kp.CHANGED, "another kind is now faster beyond noise")
+    # A cached float32 cache: bfloat16 overturns it only when its prefill keeps up too.
+    f32 = dataclasses.replace(cached, kv="float32")
+    assert kp.judge(f32, again(_KV_FASTER[0], {"float32": 4.0, "bfloat16": 9.0}))[0] == kp.HOLDS
+    assert kp.judge(f32, again(*_KV_FASTER))[0] == kp.CHANGED
+    assert kp._policy_from({**kp.dataclasses.asdict(cached), "kv": "float8"}) is None
+
+
+def test_a_real_measurement_times_the_kv_dtypes_too():
+    shapes = dataclasses.replace(TINY, kv=(2, 4, 2, 16))
+    m = kp.measure(shapes, kinds=("float16",), reps=2, busy=lambda: False)
+    assert set(m.kv_ms) == set(m.kv_prefill_ms) == set(m.kv_spread) == set(kp.KV_KINDS)
+    assert all(ms > 0 for ms in [*m.kv_ms.values(), *m.kv_prefill_ms.values()])
+    assert kp.measure(TINY, kinds=("float16",), reps=1, busy=lambda: False).kv_ms == {}
+
+
 def test_a_4bit_kind_is_charged_its_float_leftovers_at_the_fastest_float_kind():
     """V and one down stay floats in TINY's 4-bit load: they cost what the fastest float kind
     takes for them, the rest what the 4-bit kernel takes."""
@@ -362,6 +420,7 @@ def test_the_embedded_models_products(embedded_model_path):
     assert shapes.int4_layers == {(1536, 640, 2): 18, (640, 1024, 1): 18, (4096, 640, 2): 18,
                                   (640, 2048, 1): 9, (640, 2048, 0): 9}
     assert 0.9 < shapes.int4_fraction < 1
+    assert shapes.kv == (18, 4, 1, 256)  # layers, query heads, KV heads, head dim
 
 
 def _engine_products(model) -> dict[tuple[int, int, int], int]:

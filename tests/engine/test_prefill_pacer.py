@@ -107,3 +107,27 @@ def test_the_regime_follows_the_measured_cost_of_a_prompt_token():
 def test_min_interleave_chunk_zero_always_mixes():
     p = pacer(min_interleave_chunk=0)
     assert p.mixes() and p.plan(streaming=True).prompt_tokens >= 1
+
+
+# 20 ms decode passes and ~0.2 ms a token in long chunks: 1.3 x 20 ms holds ~130 of them.
+NEAR_THE_LINE = dict(decode_s=0.020, small=4, small_s=0.0208, chunk=512, chunk_s=0.1224)
+
+
+def test_mixing_is_judged_by_what_a_mixed_chunk_costs_and_does_not_swing_back():
+    """A CPU near the line (a bfloat16 KV cache made long chunks cheap): mixing is tried, its
+    chunks measured dear, and the slices' cheap long chunks do not bring it back."""
+    p = pacer(NEAR_THE_LINE)
+    assert p.mixes()  # ~130 tokens fit at the long-chunk cost: at least 2 x 64
+    chunk = p.plan(streaming=True).prompt_tokens  # mixed chunks cost 0.5 ms a token:
+    p.learn(0.020 + chunk * 0.0005, chunk, chunk, streaming=True)  # ~52 fit, fewer than 64
+    assert not p.mixes()
+    stream_passes(p, 24)
+    run_slice(p, 0.1224)  # 512-token chunks alone at ~0.2 ms a token
+    assert p.token_s < 0.0003 and not p.mixes()
+
+
+def test_until_a_mixed_chunk_ran_the_long_chunk_estimate_must_fit_twice_the_floor():
+    # ~100 tokens fit at the long-chunk cost: over 64, under 2 x 64.
+    p = pacer(dict(decode_s=0.020, small=4, small_s=0.0210, chunk=512, chunk_s=0.1526))
+    assert 64 < 1.3 * 0.020 / p.token_s < 128 and not p.mixes()
+    assert pacer(GPU_LIKE).mixes()

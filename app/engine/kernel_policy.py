@@ -61,8 +61,10 @@ memory, as in a long chat), and one prefill chunk's attention, in float32 and in
 A long chat's decode step is mostly attention; bfloat16 keys are half the bytes, which pays
 where attention waits for memory and the CPU converts bfloat16 quickly (measured on a 2-core
 AMX Xeon: 30 layers at 3,000 positions 12.6 -> 9.4 ms, equal at 1,000), and costs where it
-does not. bfloat16 is chosen only when its decode attention beats float32's by more than the
-noise (and `MIN_GAIN`) and its prefill attention is no slower beyond the noise; float32
+does not. bfloat16 is chosen only when it beats float32 by more than the noise (and
+`MIN_GAIN`) in decode or prefill attention and is no slower beyond the noise in either
+(Gemma 3 270M's sliding layers read 512 positions at most, so its decode gains little while
+its prefill chunks' attention took 2.0 ms against 7.2); float32
 stays the default, and the exact reference (a dtype chosen by hand keeps its KV in the
 activations' dtype). Its quality cost is reported by the same script (`--kv bfloat16`).
 """
@@ -91,8 +93,9 @@ CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters
 # What a measurement times. Bumped whenever that changes, so older entries are measured again:
 # 3: products as the engine runs them (joined QKV and gate/up, 4-bit planes per weight, float
 # leftovers of a 4-bit load), weights streamed past the last-level cache, the stall probe.
-# 4: the KV cache's dtype (attention in float32 and bfloat16) in the same repetitions.
-MEASURE_VERSION = 4
+# 4: the KV cache's dtype (attention in float32 and bfloat16) in the same repetitions;
+# 5: bfloat16 KV taken for a prefill win too.
+MEASURE_VERSION = 5
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
@@ -747,10 +750,10 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
 
 
 def pick_kv(m: Measurement) -> tuple[str, str]:
-    """The KV cache's dtype from a measurement, and a clause saying why: bfloat16 when its
-    decode attention beats float32's by more than the noise (and `MIN_GAIN`) and its prefill
-    attention is no slower beyond the noise; float32 otherwise (also when the timings are
-    erratic, or missing)."""
+    """The KV cache's dtype from a measurement, and a clause saying why: bfloat16 when it beats
+    float32 by more than the noise (and `MIN_GAIN`) in a decode step's attention or a prefill
+    chunk's, and is no slower beyond the noise in the other; float32 otherwise (also when the
+    timings are erratic, or missing)."""
     if not all(k in m.kv_ms and k in m.kv_prefill_ms for k in KV_KINDS):
         return KV_DEFAULT, ""
     noise = max(m.kv_spread.get(k, 0.0) for k in KV_KINDS)
@@ -759,8 +762,11 @@ def pick_kv(m: Measurement) -> tuple[str, str]:
                f"chunk's {m.kv_prefill_ms['bfloat16']:.1f} / {m.kv_prefill_ms['float32']:.1f} ms")
     if noise > ERRATIC:
         return KV_DEFAULT, f"; KV cache float32 (its timings were erratic: {figures})"
-    faster = m.kv_ms["bfloat16"] < m.kv_ms["float32"] * (1 - max(MIN_GAIN, noise))
-    if faster and _kv_prefill_keeps_up(m, "bfloat16", "float32"):
+    margin = max(MIN_GAIN, noise)
+    faster = any(times["bfloat16"] < times["float32"] * (1 - margin)
+                 for times in (m.kv_ms, m.kv_prefill_ms))
+    keeps_up = m.kv_ms["bfloat16"] <= m.kv_ms["float32"] * (1 + margin)
+    if faster and keeps_up and _kv_prefill_keeps_up(m, "bfloat16", "float32"):
         return "bfloat16", f"; KV cache bfloat16 ({figures})"
     return KV_DEFAULT, f"; KV cache float32 ({figures})"
 

@@ -489,8 +489,13 @@ class _KVRun:
         layers, heads, kv_heads, head_dim = shapes.kv
         dtype = _FLOAT[kind]
         shape = (1, kv_heads, KV_CONTEXT, head_dim)
-        self.keys = [torch.randn(shape, generator=gen).to(dtype) for _ in range(layers)]
-        self.values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(layers)]
+        # A large model's every layer would be hundreds of MB: as many layers as fit
+        # `_STREAM_MAX_BYTES` in float32 (keys and values) are timed, and scaled up.
+        per_layer = 2 * kv_heads * KV_CONTEXT * head_dim * 4
+        timed = max(1, min(layers, _STREAM_MAX_BYTES // per_layer))
+        self.scale_up = layers / timed
+        self.keys = [torch.randn(shape, generator=gen).to(dtype) for _ in range(timed)]
+        self.values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(timed)]
         group = heads // kv_heads
         self.q1 = torch.randn(1, kv_heads, group, head_dim, generator=gen)
         self.qp = torch.randn(1, kv_heads, group * KV_PREFILL_ROWS, head_dim, generator=gen)
@@ -513,7 +518,7 @@ class _KVRun:
         t0 = time.perf_counter()
         for layer in range(len(self.keys)):
             self._attend(self.q1, layer, KV_CONTEXT)
-        return 1000 * (time.perf_counter() - t0)
+        return 1000 * (time.perf_counter() - t0) * self.scale_up
 
     def prefill_pass(self) -> float:
         """Milliseconds for one layer's prefill-chunk attention (the chunk and as many keys

@@ -656,7 +656,7 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
             run.warm_up()
         active_d, active_p = set(decode), set(prefill)
         for rep in range(reps):
-            for kind in timed[rep % len(timed):] + timed[:rep % len(timed)]:
+            for kind in _rotated(timed, rep):
                 if kind not in active_d and kind not in active_p:
                     continue
                 if busy is not None and busy():
@@ -666,7 +666,7 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
                     samples_d[kind].append(runs[kind].decode_pass())
                 if kind in active_p:
                     samples_p[kind].append(runs[kind].prefill_pass())
-            for kind in kv_kinds[rep % max(len(kv_kinds), 1):] + kv_kinds[:rep % max(len(kv_kinds), 1)]:
+            for kind in _rotated(kv_kinds, rep):
                 if busy is not None and busy():
                     return None
                 probes.append(_probe_ms())
@@ -693,6 +693,12 @@ def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
                        round(sum(p > STALL_MS for p in probes) / max(len(probes), 1), 3),
                        round(statistics.median([p for p in probes if p > STALL_MS] or [0.0]), 3),
                        once, kv_ms, kv_prefill_ms, kv_spread)
+
+
+def _rotated(kinds: list[str], rep: int) -> list[str]:
+    """`kinds` in the order of repetition `rep`: each starts first in turn."""
+    turn = rep % len(kinds) if kinds else 0
+    return kinds[turn:] + kinds[:turn]
 
 
 def _figures(shapes: ModelShapes, samples: dict[str, list[dict]], prefill: bool

@@ -115,14 +115,14 @@ class PrefillPacer:
         """A pass took `seconds`, carrying `prompt_tokens` prompt tokens, `paced_tokens` of
         them from the plan (the rest were short prompts run whole); `streaming`: some
         requests were decoding (in the pass, or left out of it for a slice)."""
+        per_token = 0.0
         if not prompt_tokens:
             self.decode_pass_s = _ema(self.decode_pass_s, seconds)
         else:
             # What prompt tokens cost beyond a pass's fixed part (about a decode pass), at
-            # the chunk size just run: for a mixed chunk, its own cost, which is what decides
-            # whether mixing pays.
-            extra = max(seconds - self.decode_pass_s, 1e-6)
-            self.token_s = _ema(self.token_s, extra / prompt_tokens, 0.5)
+            # the chunk size just run (a mixing pass's also feeds `mixed_token_s`, below).
+            per_token = max(seconds - self.decode_pass_s, 1e-6) / prompt_tokens
+            self.token_s = _ema(self.token_s, per_token, 0.5)
         if self._slice_left_s > 0:
             self._slice_left_s -= seconds
             # Another chunk only if most of it fits the time left (and a prompt still needs it).
@@ -137,8 +137,7 @@ class PrefillPacer:
             self._since_slice += 1
             self._since_slice_s += seconds
         if paced_tokens and prompt_tokens == paced_tokens:  # a mixing pass
-            extra = max(seconds - self.decode_pass_s, 1e-6)
-            self.mixed_token_s = _ema(self.mixed_token_s, extra / prompt_tokens, 0.5)
+            self.mixed_token_s = _ema(self.mixed_token_s, per_token, 0.5)
             # Damped: the pass has a fixed part that does not shrink with the chunk.
             target = self.config.interleave_ratio * self.decode_pass_s
             self.interleave_chunk = self._clamp(

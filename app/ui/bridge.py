@@ -64,6 +64,9 @@ class EngineBridge(QObject):
     modelLoaded = Signal(object)  # ModelInfo
     modelFailed = Signal(str)
     modelKept = Signal(object, str)  # the ModelInfo still loaded, why the new one failed
+    # The loaded model's ModelInfo once the background CPU measurement settled its format
+    # (emitted from the tuner's thread; queued to the GUI's).
+    policySettled = Signal(object)
     embeddedReady = Signal(str)  # path
     embeddedProgress = Signal(int, int)  # bytes done, total
     event = Signal(object)  # an engine Event
@@ -80,6 +83,7 @@ class EngineBridge(QObject):
     def __init__(self):
         super().__init__()
         self.session = ModelSession()
+        self.session.on_policy = self.policySettled.emit
         # The chosen connection model's backend (a ChatBackend its kind built), or None while
         # the local engine serves. Set and cleared in the worker; `abort` reads it from the
         # GUI thread.

@@ -137,6 +137,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         b.modelLoaded.connect(self._on_model_loaded)
         b.modelFailed.connect(self._on_model_failed)
         b.modelKept.connect(self._on_model_kept)
+        b.policySettled.connect(self._on_policy_settled)
         b.chatCounted.connect(self._on_chat_counted)
         b.devicesFound.connect(self._on_devices_found)
         b.embeddedReady.connect(self._on_embedded_ready)

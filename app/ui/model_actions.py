@@ -231,7 +231,7 @@ class ModelActions:
         waited = time.monotonic() - self._load_started  # the whole wait, preparing included
         name = builtin.display_name if builtin is not None else info.name
         self.window.model_status.setText(f"{name} ready (loaded in {waited:.1f} s)")
-        self.window.device_label.setText(f"{info.device} · {info.dtype}")
+        self._show_format(info)
         self._commit_choices()
         self._update_send_state()
         self._update_context_meter()
@@ -277,6 +277,20 @@ class ModelActions:
         else:
             self._fail_held(message)
 
+    def _show_format(self, info) -> None:
+        """Where the model runs and in which format; what the CPU policy chose, and why, on
+        hover."""
+        self.window.device_label.setText(f"{info.device} · {info.dtype}")
+        self.window.device_label.setToolTip(
+            f"{info.policy_label}: {info.policy_reason}" if info.policy_reason else "")
+
+    def _on_policy_settled(self, info) -> None:
+        """The background measurement settled the loaded model's format (swapped in, or
+        kept): show it, if that model is still the one in use."""
+        if self.model_info is not None and self.model_info.path == info.path:
+            self.model_info = info
+            self._show_format(info)
+
     def _on_model_kept(self, info, message: str) -> None:
         """The new choice failed before the loaded model was let go: keep using it."""
         self._end_load_progress()
@@ -286,7 +300,7 @@ class ModelActions:
         self.chat.set_model(info.name, "local")
         self._select_in_picker(info.path)
         self.window.model_status.setText(f"{info.name} ready (unchanged)")
-        self.window.device_label.setText(f"{info.device} · {info.dtype}")
+        self._show_format(info)
         self._update_send_state()
         self._alert("The change could not be made",
                     f"{message}\n\nStill using {info.name} on {info.device}; the setting was "

@@ -74,17 +74,26 @@ def test_event_order_and_usage(tiny):
     assert (done.usage.prompt_tokens, done.usage.cached_tokens, done.usage.completion_tokens) == (30, 0, 12)
 
 
+def contiguous_greedy(model, ids: list[int], kv_dtype: torch.dtype, n: int = 12
+                      ) -> tuple[list[int], set[torch.dtype]]:
+    """n greedy tokens from a plain contiguous-cache loop (no engine), and the dtypes the
+    model's hidden states came out in."""
+    kv = ContiguousKV(model.config, len(ids) + n, model.device, kv_dtype)
+    tokens, dtypes, chunk = [], set(), ids
+    with torch.inference_mode():
+        for _ in range(n):
+            hidden = model.model(torch.tensor([chunk]), kv.positions(len(chunk)), kv)
+            dtypes.add(hidden.dtype)
+            kv.commit(len(chunk))
+            chunk = [int(model.model.logits(hidden[0, -1]).argmax())]
+            tokens.append(chunk[0])
+    return tokens, dtypes
+
+
 def test_paged_engine_matches_contiguous_cache(tiny):
     """Greedy tokens from the paged pool equal a plain contiguous-cache loop, past the window."""
     ids = prompt(70)
-    kv = ContiguousKV(tiny.config, 100, tiny.device, torch.float32)
-    expected, chunk = [], ids
-    with torch.inference_mode():
-        for _ in range(12):
-            hidden = tiny.model(torch.tensor([chunk]), kv.positions(len(chunk)), kv)
-            kv.commit(len(chunk))
-            chunk = [int(tiny.model.logits(hidden[0, -1]).argmax())]
-            expected.append(chunk[0])
+    expected, _ = contiguous_greedy(tiny, ids, torch.float32)
     assert tokens_of(run(make_engine(tiny), {"a": (ids, GREEDY)})["a"]) == expected
 
 
@@ -105,15 +114,8 @@ def test_a_bfloat16_kv_cache_is_what_the_pool_holds_and_attention_reads(tokenize
     model = _with_bfloat16_kv(make_tiny_model(tokenizer))
     assert model.kv_dtype == torch.bfloat16 and model.compute_dtype == torch.float32
     ids = prompt(70)
-    kv = ContiguousKV(model.config, 100, model.device, torch.bfloat16)
-    expected, chunk = [], ids
-    with torch.inference_mode():
-        for _ in range(12):
-            hidden = model.model(torch.tensor([chunk]), kv.positions(len(chunk)), kv)
-            assert hidden.dtype == torch.float32  # attention came back in the activations' dtype
-            kv.commit(len(chunk))
-            chunk = [int(model.model.logits(hidden[0, -1]).argmax())]
-            expected.append(chunk[0])
+    expected, dtypes = contiguous_greedy(model, ids, torch.bfloat16)
+    assert dtypes == {torch.float32}  # attention came back in the activations' dtype
     engine = make_engine(model)
     assert engine.pool.dtype == torch.bfloat16
     assert tokens_of(run(engine, {"a": (ids, GREEDY)})["a"]) == expected

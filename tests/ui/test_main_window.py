@@ -31,6 +31,29 @@ def test_send_and_receive_a_streamed_reply(driver):
     assert "tokens" in driver.find("contextMeter").text()
 
 
+def test_the_status_bar_follows_the_measured_format_and_says_why(driver):
+    """The background measurement settles the format after the window showed the one
+    loaded first: the status bar shows the new one, its reason on hover; a settled format
+    for a model no longer in use changes nothing."""
+    import dataclasses
+
+    label = driver.window.device_label
+    loaded = driver.controller.model_info
+    assert label.text() == f"{loaded.device} · {loaded.dtype}"
+    elsewhere = dataclasses.replace(loaded, path="/elsewhere.gguf", dtype="float32")
+    settled = dataclasses.replace(loaded, dtype="int4(bfloat16)+float16",
+                                  policy_label="int4_bf16, bfloat16 KV",
+                                  policy_reason="measured on this CPU: KV cache bfloat16")
+    driver.controller.bridge.policySettled.emit(elsewhere)  # from the tuner's thread, queued
+    driver.qtbot.wait(100)
+    assert label.text() == f"{loaded.device} · {loaded.dtype}"
+    driver.controller.bridge.policySettled.emit(settled)
+    driver.qtbot.waitUntil(lambda: label.text() == f"{loaded.device} · int4(bfloat16)+float16",
+                           timeout=5_000)
+    assert label.toolTip() == "int4_bf16, bfloat16 KV: measured on this CPU: KV cache bfloat16"
+    assert driver.controller.model_info == settled
+
+
 def test_send_is_refused_clearly_without_a_model(open_window, tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a model")

@@ -85,8 +85,8 @@ from pathlib import Path
 import torch
 
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, Int4Form, Int4Plane, QuantizedWeight,
-                                  int4_kernel_available, pack_int4, quantize_synthetic)
+from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, SCREENED_TYPES, Int4Form, Int4Plane,
+                                  QuantizedWeight, int4_kernel_available, pack_int4, quantize_int4)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -371,7 +371,7 @@ def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
     w = torch.randn(n, k, generator=gen) * 0.05
     if kind.startswith("int4"):
         act = torch.bfloat16 if kind == "int4_bf16" else torch.float32
-        form = quantize_synthetic(w)
+        form = quantize_int4(w)
         if planes == 2:  # Q5/Q8 blocks: a second plane of high bits
             form = Int4Form(form.lo, torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8),
                             form.s, form.b)
@@ -992,7 +992,8 @@ def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
 
 # ---- a model file's shapes -----------------------------------------------------------------
 
-_SHAPES_VERSION = 3  # of the "files" section's entries (2: joined products, planes per weight; 3: kv)
+_SHAPES_VERSION = 4  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
+#                     4: screened heads are one plane)
 
 
 def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
@@ -1047,6 +1048,13 @@ def _planes(ggml_type) -> int:
     return 1 if ggml_type in ONE_PLANE_TYPES else 2
 
 
+def _head_planes(ggml_type) -> int:
+    """The same for the output projection: one plane, exact or a screen (`quantized.screen_raw`;
+    its ~1,024 rescored rows a step, ~0.3 ms on a 2-core CPU, are not timed: the same for
+    every 4-bit kind, and small beside what the screen saves on a float head)."""
+    return 1 if ggml_type in ONE_PLANE_TYPES | SCREENED_TYPES else 0
+
+
 # Weights `finish_loading` joins into one product (`DecoderLayer.fuse_products`).
 _JOINED = (("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("ffn_gate.weight", "ffn_up.weight"))
 
@@ -1097,7 +1105,7 @@ def gguf_shapes(path: Path) -> ModelShapes | None:
             n, k = (int(d) for d in info.shape)
             if tensor == "output.weight" or (tensor == "token_embd.weight"
                                              and "output.weight" not in gguf.tensors):
-                head = (n, k, _planes(info.ggml_type))  # an untied embedding is only gathered from
+                head = (n, k, _head_planes(info.ggml_type))  # an untied embedding is only gathered from
             elif tensor.startswith("blk."):
                 _, index, rest = tensor.split(".", 2)
                 per_layer.setdefault(int(index), {})[rest] = (n, k, _planes(info.ggml_type))

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (INT4_TYPES, Int4Plane, QuantizedWeight, RawTensor,
-                                  int4_kernel_available, int4_linear, pack_raw)
+from app.models.quantized import (EXACT_TOP, INT4_TYPES, SCREENED_TYPES, Int4Plane,
+                                  QuantizedWeight, RawTensor, int4_kernel_available, int4_linear,
+                                  pack_raw, screen_raw)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -332,17 +333,25 @@ class WeightFormat:
     int4_act_dtype: torch.dtype = torch.bfloat16
     int4_wide_dtype: torch.dtype | None = None
 
-    def wants_raw(self, ggml_type) -> bool:
+    def wants_raw(self, ggml_type, output: bool = False) -> bool:
         """Whether a linear weight stored as `ggml_type` should reach `prepare` as its raw
-        blocks (a `RawTensor`) rather than dequantized to float32."""
-        return self.int4 and ggml_type in INT4_TYPES and int4_kernel_available()
+        blocks (a `RawTensor`) rather than dequantized to float32; `output`: it is the
+        output projection, screened when its blocks are not one 4-bit plane."""
+        return self.int4 and int4_kernel_available() and (
+            ggml_type in INT4_TYPES or (output and ggml_type in SCREENED_TYPES))
 
     def prepare(self, w: torch.Tensor | RawTensor, keep_rows: bool = False,
-                many_rows: bool = True) -> Weight:
+                output: bool = False) -> Weight:
         """A float32 [out, in] weight, or a GGUF tensor's raw blocks, -> what `linear`
-        multiplies by. `keep_rows` (a tied embedding) keeps what `gather_rows` needs;
-        `many_rows=False` (the output projection, which a step runs for its last row only)
-        skips the wide copy."""
+        multiplies by. `keep_rows` (a tied embedding) keeps what `gather_rows` needs.
+        `output`: the output projection, which a step runs for its last rows only (no wide
+        copy) and whose raw blocks, unless one 4-bit plane, become a screen (`screen_raw`)."""
+        if isinstance(w, RawTensor) and output and self.int4 and w.ggml_type in SCREENED_TYPES:
+            rows = RawTensor(w.data.clone(), w.ggml_type, w.shape)
+            return QuantizedWeight(screen_raw(w, self.int4_act_dtype), w.shape[0], w.shape[1],
+                                   self.int4_act_dtype, narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=rows,
+                                   exact_top=EXACT_TOP)
+        many_rows = not output
         if isinstance(w, RawTensor):
             planes = pack_raw(w, self.int4_act_dtype) if self.int4 else None
             if planes is not None:

@@ -350,12 +350,12 @@ class TransformerLM(torch.nn.Module):
             if not is_linear:
                 raise ModelError(f"Weight {slot!r} cannot stay quantized.")
             setattr(owner, name, self.fmt.prepare(tensor, keep_rows=name == "embedding",
-                                                  many_rows=name not in ("embedding", "head")))
+                                                  output=name in ("embedding", "head")))
             return
         if not torch.isfinite(tensor).all():
             raise ModelError(f"Weight {slot!r} contains NaN or infinite values; the file is damaged.")
         if is_linear:  # the output projection runs for a step's last rows only: no wide copy
-            value = self.fmt.prepare(tensor, many_rows=name not in ("embedding", "head"))
+            value = self.fmt.prepare(tensor, output=name in ("embedding", "head"))
         elif name == "embedding":
             value = tensor.to(self.fmt.dtype)
         else:
@@ -368,7 +368,8 @@ class TransformerLM(torch.nn.Module):
 
     def wants_raw(self, slot: str, ggml_type) -> bool:
         """Whether `slot` should be assigned a GGUF tensor's raw blocks (kept quantized)."""
-        return self._is_linear(slot.rsplit(".", 1)[-1]) and self.fmt.wants_raw(ggml_type)
+        name = slot.rsplit(".", 1)[-1]
+        return self._is_linear(name) and self.fmt.wants_raw(ggml_type, output=name in ("embedding", "head"))
 
     def finish_loading(self) -> "TransformerLM":
         missing = [slot for slot in self.slot_shapes() if self._slot_value(slot) is None]

@@ -26,7 +26,7 @@ from gguf.constants import GGMLQuantizationType
 from app.models.layers import DualWeight, WeightFormat
 from app.models.quantized import Int4Plane, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 2  # 2: 4-bit weights use their planes up to 8 rows (was 2)
+LAYOUT_VERSION = 3  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads
 # Entries written before `.source` files existed name no model file: deleted once this old
 # (by modification time) unless a load uses them first (which writes their `.source`).
 UNNAMED_ENTRY_MAX_AGE_S = 30 * 24 * 3600
@@ -157,7 +157,7 @@ def _describe(value, slot: str, tensors: dict) -> dict:
                 "act": _dtype_name(value.act_dtype), "narrow_rows_max": value.narrow_rows_max,
                 "planes": [[put(f"p{i}", p.packed), put(f"sz{i}", p.scale_zeros)]
                            for i, p in enumerate(value.planes)],
-                "wide": put("wide", value.wide),
+                "wide": put("wide", value.wide), "exact_top": value.exact_top,
                 "rows": None if rows is None else {"t": put("rows", rows.data), "type": int(rows.ggml_type),
                                                    "shape": list(rows.shape)}}
     if isinstance(value, DualWeight):
@@ -176,6 +176,6 @@ def _rebuild(d: dict, tensors: dict):
     return QuantizedWeight(
         tuple(Int4Plane(tensors[p], tensors[sz]) for p, sz in d["planes"]), int(d["out"]), int(d["in"]),
         _dtype(d["act"]), wide=None if d["wide"] is None else tensors[d["wide"]],
-        narrow_rows_max=int(d["narrow_rows_max"]),
+        narrow_rows_max=int(d["narrow_rows_max"]), exact_top=int(d.get("exact_top", 0)),
         rows=None if rows is None else RawTensor(tensors[rows["t"]], GGMLQuantizationType(rows["type"]),
                                                  tuple(rows["shape"])))

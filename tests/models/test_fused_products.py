@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from app.models.layers import DualWeight, fuse, linear
-from app.models.quantized import int4_kernel_available, pack_int4, quantize_synthetic, QuantizedWeight
+from app.models.quantized import int4_kernel_available, pack_int4, quantize_int4, QuantizedWeight
 
 ROWS = (128, 64, 64)  # 4-bit parts must be whole 64-row tiles
 IN = 96
@@ -49,7 +49,7 @@ def test_joined_dual_weight_keeps_both_copies():
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="no 4-bit kernel in this torch")
 def test_joined_4bit_planes_multiply_like_the_parts():
-    ws = [QuantizedWeight(pack_int4(quantize_synthetic(w), torch.bfloat16), w.shape[0], IN,
+    ws = [QuantizedWeight(pack_int4(quantize_int4(w), torch.bfloat16), w.shape[0], IN,
                           torch.bfloat16) for w in _floats(2)]
     joined, parts = fuse(ws, False)
     x = torch.randn(1, IN)

@@ -303,7 +303,11 @@ def run_command(args: argparse.Namespace) -> int:
     from app.engine.generate import GenerationError
     from app.models.errors import ModelError
 
+    from app.paths import use_data_dir
+
     try:
+        if getattr(args, "data_dir", None):
+            use_data_dir(args.data_dir)
         return COMMANDS[args.command](args)
     except (CliError, ModelError, DeviceError, GenerationError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 _STARTED = time.perf_counter()
 
-from app.paths import data_dir
+from app.paths import use_data_dir
 
 
 def gui_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def create_main_window(argv: list[str] | None = None):
 
     args = gui_parser().parse_args(argv or [])
     _application()
-    folder = data_dir(args.data_dir)
+    folder = use_data_dir(args.data_dir)
     store = ChatStore(folder)
     window = MainWindow()
     bridge = EngineBridge()
@@ -80,7 +80,7 @@ def run_gui(argv: list[str] | None = None) -> int:
     from app.storage import StorageError
     from app.ui.qt import QtCore, QtWidgets
 
-    folder = data_dir(args.data_dir)
+    folder = use_data_dir(args.data_dir)
     lock = QtCore.QLockFile(str(Path(folder) / "ferrox.lock"))
     if not lock.tryLock(100):
         QtWidgets.QMessageBox.information(None, "Ferrox Chat",

@@ -22,6 +22,17 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     return path
 
 
+def use_data_dir(override: str | os.PathLike | None) -> Path:
+    """The command line's `--data-dir`, for the whole process: it becomes what every later
+    `data_dir()` returns, so what the engine finds on its own (the kernel-policy and weight
+    caches) sits beside the chats instead of in the default folder. Set through
+    FERROX_DATA_DIR, the one setting every `data_dir()` already reads."""
+    folder = data_dir(override)
+    if override:
+        os.environ["FERROX_DATA_DIR"] = str(folder)
+    return folder
+
+
 def models_dir(override: str | os.PathLike | None = None) -> Path:
     path = data_dir(override) / "models"
     path.mkdir(parents=True, exist_ok=True)

@@ -187,6 +187,15 @@ def test_a_screened_head_gives_exact_logits_at_the_top(t):
         assert error.mean() < 0.1 * exact[row].std() and error.max() < 0.5 * exact[row].std()
 
 
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q5_1, T.Q6_K])
+def test_gathered_rows_dequantize_as_the_whole_tensor_does(t):
+    from app.models.dequant import dequantize_rows
+
+    raw = head_blocks(t, seed=15)
+    ids = torch.tensor([7, 8191, 0, 7, 4000])
+    assert torch.equal(dequantize_rows(raw.data.index_select(0, ids), t, WIDTH), raw.dequantize()[ids])
+
+
 def test_a_screened_heads_logits_do_not_depend_on_the_other_rows():
     head = INT4_BF16.prepare(head_blocks(T.Q8_0, seed=12), output=True)
     x = torch.randn(5, WIDTH, generator=torch.Generator().manual_seed(4))
@@ -220,6 +229,37 @@ def test_one_plane_heads_stay_exact_and_are_not_screened():
     raw = head_blocks(T.Q4_1 if hasattr(T, "Q4_1") else T.Q4_0, seed=14)
     head = INT4_BF16.prepare(raw, output=True)
     assert head.exact_top == 0 and len(head.planes) == 1
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0])
+def test_an_untied_quantized_head_is_screened_by_the_loader(tmp_path, qtype):
+    """A Llama-shaped file whose weights are all `qtype` blocks, loaded with float32 activations
+    (the two-plane layers then multiply by the blocks exactly): the untied head arrives as raw
+    blocks and is screened, and the logits are the float32 load's (a small vocabulary is
+    rescored whole)."""
+    from app.models.gguf_file import GGUFFile
+    from tests.gguf_factory import write_gguf
+    from tests.models.tiny_models import make_tiny_model
+
+    tiny = make_tiny_model("llama", tmp_path / "tiny")
+    path = tmp_path / f"tiny.{qtype.name}.gguf"
+    with GGUFFile(tiny.gguf_path) as gguf:
+        assert "output.weight" in gguf.tensors
+        metadata = {k: v for k, v in gguf.metadata.items()
+                    if k not in ("general.architecture", "general.alignment")}
+        tensors = {}
+        for name, info in gguf.tensors.items():
+            shape = tuple(int(d) for d in info.shape)
+            w = dequantize(gguf.raw_tensor(name), info.ggml_type, shape).numpy().astype(np.float32)
+            tensors[name] = (w, qtype) if len(shape) == 2 else w
+        write_gguf(path, arch=gguf.architecture, metadata=metadata, tensors=tensors)
+    cpu = torch.device("cpu")
+    screened = load_model(path, cpu, torch.float32, torch.float32, int4=INT4_EXACT)
+    assert screened.model.head.exact_top and screened.model.head.rows is not None
+    exact = load_model(path, cpu, torch.float32, torch.float32)
+    from tests.models.test_gemma3 import all_logits
+    got, want = all_logits(screened, tiny.prompt_ids), all_logits(exact, tiny.prompt_ids)
+    assert (got - want).abs().max() < 1e-3
 
 
 # ---- the real model ------------------------------------------------------------------------

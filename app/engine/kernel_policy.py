@@ -1050,7 +1050,7 @@ def _planes(ggml_type) -> int:
 
 def _head_planes(ggml_type) -> int:
     """The same for the output projection: one plane, exact or a screen (`quantized.screen_raw`;
-    its ~1,024 rescored rows a step, ~0.3 ms on a 2-core CPU, are not timed: the same for
+    its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are not timed: the same for
     every 4-bit kind, and small beside what the screen saves on a float head)."""
     return 1 if ggml_type in ONE_PLANE_TYPES | SCREENED_TYPES else 0
 

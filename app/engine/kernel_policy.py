@@ -85,8 +85,8 @@ from pathlib import Path
 import torch
 
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, SCREENED_TYPES, Int4Form, Int4Plane,
-                                  QuantizedWeight, int4_kernel_available, pack_int4, quantize_int4)
+from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, Int4Form, Int4Plane, QuantizedWeight,
+                                  int4_kernel_available, pack_int4, quantize_int4, screens)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -1048,11 +1048,11 @@ def _planes(ggml_type) -> int:
     return 1 if ggml_type in ONE_PLANE_TYPES else 2
 
 
-def _head_planes(ggml_type) -> int:
-    """The same for the output projection: one plane, exact or a screen (`quantized.screen_raw`;
-    its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are not timed: the same for
-    every 4-bit kind, and small beside what the screen saves on a float head)."""
-    return 1 if ggml_type in ONE_PLANE_TYPES | SCREENED_TYPES else 0
+def _head_planes(ggml_type, rows: int) -> int:
+    """The same for the output projection of `rows` tokens: a screened one is one plane
+    (`quantized.screens`; its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are
+    not timed: the same for every 4-bit kind, and small beside what the screen saves)."""
+    return 1 if screens(ggml_type, rows) else _planes(ggml_type)
 
 
 # Weights `finish_loading` joins into one product (`DecoderLayer.fuse_products`).
@@ -1105,7 +1105,7 @@ def gguf_shapes(path: Path) -> ModelShapes | None:
             n, k = (int(d) for d in info.shape)
             if tensor == "output.weight" or (tensor == "token_embd.weight"
                                              and "output.weight" not in gguf.tensors):
-                head = (n, k, _head_planes(info.ggml_type))  # an untied embedding is only gathered from
+                head = (n, k, _head_planes(info.ggml_type, n))  # an untied embedding is only gathered from
             elif tensor.startswith("blk."):
                 _, index, rest = tensor.split(".", 2)
                 per_layer.setdefault(int(index), {})[rest] = (n, k, _planes(info.ggml_type))

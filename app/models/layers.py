@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from app.models.quantized import (EXACT_TOP, INT4_TYPES, SCREENED_TYPES, Int4Plane,
                                   QuantizedWeight, RawTensor, int4_kernel_available, int4_linear,
-                                  pack_raw, screen_raw)
+                                  pack_raw, screen_raw, screens)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -345,8 +345,8 @@ class WeightFormat:
         """A float32 [out, in] weight, or a GGUF tensor's raw blocks, -> what `linear`
         multiplies by. `keep_rows` (a tied embedding) keeps what `gather_rows` needs.
         `output`: the output projection, which a step runs for its last rows only (no wide
-        copy) and whose raw blocks, unless one 4-bit plane, become a screen (`screen_raw`)."""
-        if isinstance(w, RawTensor) and output and self.int4 and w.ggml_type in SCREENED_TYPES:
+        copy) and whose raw blocks, unless one 4-bit plane, may become a screen (`screens`)."""
+        if isinstance(w, RawTensor) and output and self.int4 and screens(w.ggml_type, w.shape[0]):
             rows = RawTensor(w.data.clone(), w.ggml_type, w.shape)
             return QuantizedWeight(screen_raw(w, self.int4_act_dtype), w.shape[0], w.shape[1],
                                    self.int4_act_dtype, narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=rows,

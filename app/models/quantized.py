@@ -23,7 +23,8 @@ stay float copies.
 
 The output projection is the exception (`screen_raw`): a step reads the whole of it for a
 handful of logits that matter, so when its blocks are not one 4-bit plane already (a tied
-Q8_0 embedding: two planes, ~210 MB a token for Gemma 3's 262,144 rows) it is held as a
+Q8_0 embedding: two planes, ~210 MB a token for Gemma 3's 262,144 rows) and its vocabulary
+is large (`SCREEN_MIN_ROWS`), it is held as a
 re-quantized one-plane screen plus its raw blocks. The screen ranks every token; the
 `exact_top` best of each row are recomputed from the blocks in float32 (`_rescored`). Only
 tokens the screen puts below the best 1,024 keep a 4-bit logit: measured on Gemma 3 270M
@@ -56,7 +57,15 @@ ONE_PLANE_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
 SCREENED_TYPES = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0, T.Q2_K, T.Q3_K, T.Q6_K})
 # About how many logits per row are recomputed exactly behind a screen.
 EXACT_TOP = 1024
+# The screen saves half a two-plane head's bytes every step, while rescoring costs each row
+# of logits the same ~1,024 rows of weights: it pays for large vocabularies only. Measured on
+# a 2-core AMX Xeon, the head's time for 1 / 4 rows of logits: Gemma 3's 262,144 x 640
+# 13.3 -> 8.0 / 24.0 -> 17.8 ms; SmolLM2's 49,152 x 576 1.71 -> 1.69 / 3.1 -> 5.2 ms.
+SCREEN_MIN_ROWS = 65536
 assert SCREENED_TYPES <= native_types(), "a screen's rows are dequantized by the torch kernels"
+# Rows of logits rescored at a time: bounds the gathered weights when a caller asks for many
+# rows (the quality script's 256); a batch of streams is one.
+_RESCORE_ROWS = 16
 
 
 def int4_kernel_available() -> bool:
@@ -260,6 +269,11 @@ def quantize_int4(w: torch.Tensor) -> Int4Form:
     return Int4Form(codes.reshape(N, K), None, s, lo_v)
 
 
+def screens(ggml_type, rows: int) -> bool:
+    """Whether an output projection of `rows` tokens stored as `ggml_type` is screened."""
+    return ggml_type in SCREENED_TYPES and rows >= SCREEN_MIN_ROWS
+
+
 def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
     """A one-plane screen of an output projection's blocks, PACK_ROWS rows at a time (the
     float32 rows of a 262,144-row table would be 671 MB at once)."""
@@ -275,33 +289,44 @@ def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
                       torch.cat([c.scale_zeros for c in chunks], dim=1)),)
 
 
-def _screened_top(row: torch.Tensor, k: int) -> torch.Tensor:
-    """Ids of about k of a row's largest values: every id at or above a threshold read off a
-    strided sample, so the set always holds the row's best. torch's exact top-k over 262,144
-    logits takes ~1 ms on a 2-core CPU; the sample, the comparison and the ids ~0.2 ms."""
-    stride = row.numel() // (4 * k)  # a sample of ~4k values, ~k // stride of them above
+def _screened_top(out: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, id) pairs of about k of each row's largest values in out [n, V]: every id at or
+    above its row's threshold, read off a strided sample of the row, so each row's set
+    always holds its best. torch's exact top-k over 262,144 logits takes ~1 ms on a 2-core
+    CPU; the sample, the comparison and the ids ~0.2 ms, for all the rows at once."""
+    n, vocab = out.shape
+    stride = vocab // (4 * k)  # a sample of ~4k values a row, ~k // stride of them above
     if stride < 2:
-        return row.topk(min(k, row.numel()), sorted=False).indices
-    threshold = row[::stride].topk(max(1, k // stride), sorted=False).values.min()
-    ids = (row >= threshold).nonzero().squeeze(1)
-    if ids.numel() > 2 * k:  # a row unlike its sample (many equal values): bound the work
-        ids = ids[row[ids].topk(k, sorted=False).indices]
-    return ids
+        ids = out.topk(min(k, vocab), dim=-1, sorted=False).indices
+        return torch.arange(n).repeat_interleave(ids.shape[1]), ids.reshape(-1)
+    sample = out[:, ::stride].topk(max(1, k // stride), dim=-1, sorted=False).values
+    rows, ids = (out >= sample.amin(-1, keepdim=True)).nonzero(as_tuple=True)
+    over = (torch.bincount(rows, minlength=n) > 2 * k).nonzero().flatten().tolist()
+    if over:  # rows unlike their sample (many equal values): bound the work
+        keep = ~torch.isin(rows, torch.tensor(over))
+        parts = [(rows[keep], ids[keep])]
+        for r in over:
+            top = out[r].topk(k, sorted=False).indices
+            parts.append((torch.full_like(top, r), top))
+        rows, ids = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return rows, ids
 
 
 def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
     """x [n, in], the screen's products [n, out] -> float32 [n, out] with about
-    `w.exact_top` of each row's largest recomputed from the raw rows.
+    `w.exact_top` of each row's largest recomputed from the raw rows, _RESCORE_ROWS rows at
+    a time (the gathered float32 weights: ~2.6 MB a row for 1,024 of 640).
 
     Each exact value is one weight row's elementwise product with x's row, summed over
     `in`: it does not depend on which other rows or tokens are rescored with it, so
     batching and chunking change no logit the screen ranks near the top."""
     out = screened.float()
     xf = x.float()
-    for r in range(out.shape[0]):
-        ids = _screened_top(out[r], w.exact_top)
-        rows = dequantize_rows(w.rows.data.index_select(0, ids), w.rows.ggml_type, w.in_features)
-        out[r].index_copy_(0, ids, (rows * xf[r]).sum(-1))
+    for start in range(0, out.shape[0], _RESCORE_ROWS):
+        part = out[start: start + _RESCORE_ROWS]
+        rows, ids = _screened_top(part, w.exact_top)
+        weights = dequantize_rows(w.rows.data.index_select(0, ids), w.rows.ggml_type, w.in_features)
+        part.index_put_((rows, ids), (weights * xf[start: start + _RESCORE_ROWS].index_select(0, rows)).sum(-1))
     return out
 
 

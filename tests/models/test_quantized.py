@@ -166,8 +166,16 @@ def head_blocks(t: T, seed: int) -> RawTensor:
 INT4_BF16 = WeightFormat(torch.float16, False, None, True, torch.bfloat16)
 
 
+@pytest.fixture
+def small_heads_screened(monkeypatch):
+    """Screen these tests' small vocabularies (real ones are screened from SCREEN_MIN_ROWS)."""
+    import app.models.quantized as quantized
+
+    monkeypatch.setattr(quantized, "SCREEN_MIN_ROWS", 1)
+
+
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q5_1, T.Q6_K])
-def test_a_screened_head_gives_exact_logits_at_the_top(t):
+def test_a_screened_head_gives_exact_logits_at_the_top(t, small_heads_screened):
     raw = head_blocks(t, seed=11)
     assert INT4_BF16.wants_raw(t, output=True) and not INT4_BF16.wants_raw(T.Q6_K)
     head = INT4_BF16.prepare(raw, output=True)
@@ -196,43 +204,52 @@ def test_gathered_rows_dequantize_as_the_whole_tensor_does(t):
     assert torch.equal(dequantize_rows(raw.data.index_select(0, ids), t, WIDTH), raw.dequantize()[ids])
 
 
-def test_a_screened_heads_logits_do_not_depend_on_the_other_rows():
+def test_a_screened_heads_logits_do_not_depend_on_the_other_rows(small_heads_screened):
     head = INT4_BF16.prepare(head_blocks(T.Q8_0, seed=12), output=True)
-    x = torch.randn(5, WIDTH, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(20, WIDTH, generator=torch.Generator().manual_seed(4))  # past one chunk of 16
     together = linear(x, head, False)
-    for row in range(5):
+    for row in range(20):
         assert torch.equal(linear(x[row: row + 1], head, False)[0], together[row])
 
 
-def test_the_screens_candidates_hold_every_id_above_their_least():
+def test_the_screens_candidates_hold_every_id_above_their_rows_least():
     from app.models.quantized import _screened_top
 
-    row = torch.randn(262144, generator=torch.Generator().manual_seed(5))
-    ids = _screened_top(row, 1024)
-    assert 256 <= ids.numel() <= 2048
-    least = row[ids].min()
-    assert int((row >= least).sum()) == ids.numel()
-    flat = torch.zeros(262144)  # every value equal: the work is still bounded
-    assert _screened_top(flat, 1024).numel() == 1024
-    small = torch.randn(3000)  # too few to sample: the exact top
-    assert torch.equal(_screened_top(small, 1024).sort().values, small.topk(1024).indices.sort().values)
+    out = torch.randn(3, 262144, generator=torch.Generator().manual_seed(5))
+    out[1] = 0  # every value equal: the work is still bounded
+    rows, ids = _screened_top(out, 1024)
+    for r in (0, 2):
+        mine = ids[rows == r]
+        assert 256 <= mine.numel() <= 2048 and mine.unique().numel() == mine.numel()
+        assert int((out[r] >= out[r, mine].min()).sum()) == mine.numel()
+    assert int((rows == 1).sum()) == 1024
+    small = torch.randn(2, 3000)  # too few to sample: the exact top
+    rows, ids = _screened_top(small, 1024)
+    assert torch.equal(ids[rows == 1].sort().values, small[1].topk(1024).indices.sort().values)
 
 
-def test_a_screened_tied_embedding_still_gathers_exact_rows():
+def test_a_screened_tied_embedding_still_gathers_exact_rows(small_heads_screened):
     raw = head_blocks(T.Q8_0, seed=13)
     head = INT4_BF16.prepare(raw, keep_rows=True, output=True)
     ids = torch.tensor([5, 0, 8191, 5])
     assert torch.equal(INT4_BF16.gather_rows(head, ids, tied=True), raw.dequantize()[ids])
 
 
-def test_one_plane_heads_stay_exact_and_are_not_screened():
-    raw = head_blocks(T.Q4_1 if hasattr(T, "Q4_1") else T.Q4_0, seed=14)
-    head = INT4_BF16.prepare(raw, output=True)
+def test_one_plane_heads_and_small_vocabularies_are_not_screened():
+    from app.models.quantized import SCREEN_MIN_ROWS, screens
+
+    head = INT4_BF16.prepare(head_blocks(T.Q4_1, seed=14), output=True)
     assert head.exact_top == 0 and len(head.planes) == 1
+    assert VOCAB < SCREEN_MIN_ROWS
+    head = INT4_BF16.prepare(head_blocks(T.Q8_0, seed=14), keep_rows=True, output=True)
+    assert head.exact_top == 0 and len(head.planes) == 2 and head.rows is not None
+    head = INT4_BF16.prepare(head_blocks(T.Q6_K, seed=14), output=True)
+    assert isinstance(head, torch.Tensor)  # a float copy, as for any Q6_K weight
+    assert screens(T.Q8_0, 262144) and screens(T.Q6_K, 128256) and not screens(T.Q4_K, 262144)
 
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0])
-def test_an_untied_quantized_head_is_screened_by_the_loader(tmp_path, qtype):
+def test_an_untied_quantized_head_is_screened_by_the_loader(tmp_path, qtype, small_heads_screened):
     """A Llama-shaped file whose weights are all `qtype` blocks, loaded with float32 activations
     (the two-plane layers then multiply by the blocks exactly): the untied head arrives as raw
     blocks and is screened, and the logits are the float32 load's (a small vocabulary is

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from app.heap import release_freed_memory
 from app.models.layers import WeightFormat
 from app.models.quantized import int4_kernel_available
 
@@ -204,4 +205,6 @@ def load_planned(path, torch_device: torch.device, plan: LoadPlan, progress=None
                         progress=progress, int4=plan.int4, weight_cache_dir=cache)
     loaded.policy_label, loaded.policy_reason = plan.label, plan.reason
     loaded.load_plan = plan
+    if torch_device.type == "cpu":
+        release_freed_memory()  # the load's float32 temporaries (see `app.heap`)
     return loaded

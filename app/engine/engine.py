@@ -43,6 +43,7 @@ from app.engine.radix_cache import PagePool, RadixCache
 from app.engine.request import Phase, Request
 from app.engine.thread_tuner import ThreadTuner
 from app.engine.sampling import SamplingParams
+from app.heap import release_freed_memory
 from app.models.loader import LoadedModel
 
 
@@ -250,6 +251,8 @@ class Engine:
         try:
             self._swap_in(fresh, store)
         finally:
+            del fresh
+            release_freed_memory()  # the old weights' pages (see `app.heap`)
             self.replacements_handled += 1
 
     def _new_pool(self) -> tuple[PagedKVPool, PagePool]:

@@ -84,6 +84,7 @@ from pathlib import Path
 
 import torch
 
+from app.heap import release_freed_memory
 from app.models.layers import WeightFormat, linear, weights_transposed
 from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, Int4Form, Int4Plane, QuantizedWeight,
                                   int4_kernel_available, pack_int4, quantize_int4, screens)
@@ -601,6 +602,16 @@ def _totals(shapes: ModelShapes, per_kind: dict[str, dict[Key, float]], prefill:
 
 def measure(shapes: ModelShapes, kinds=KINDS, reps: int | None = None,
             busy: Callable[[], bool] | None = None, prefill_kinds=None) -> Measurement | None:
+    """`_measure`, then the C heap's free pages go back to the system: its timing weights
+    (hundreds of MB) would otherwise stay resident for the rest of the session (`heap`)."""
+    try:
+        return _measure(shapes, kinds, reps, busy, prefill_kinds)
+    finally:
+        release_freed_memory()
+
+
+def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bool] | None,
+             prefill_kinds) -> Measurement | None:
     """Time `kinds` for decode (and `prefill_kinds`, by default those of `kinds` that are
     prefill candidates, for prefill) interleaved: each of `reps` repetitions times every
     kind once, in an order rotated per repetition (a burst of load hits every kind alike),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from app.heap import release_freed_memory
 from app.models.causal_lm import CausalLM, KVFacts
 from app.models.chat_template import (ChatTemplate, fallback_template, template_for,
                                       template_from_source)
@@ -109,6 +110,8 @@ class LoadedModel:
             torch.cuda.empty_cache()
         elif self.device.type == "mps":
             torch.mps.empty_cache()
+        else:
+            release_freed_memory()  # the C heap keeps freed pages otherwise (see `app.heap`)
 
 
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (EXACT_TOP, INT4_TYPES, SCREENED_TYPES, Int4Plane,
-                                  QuantizedWeight, RawTensor, int4_kernel_available, int4_linear,
-                                  pack_raw, screen_raw, screens)
+from app.models.quantized import (EXACT_TOP, INT4_TYPES, Int4Plane, QuantizedWeight, RawTensor,
+                                  int4_kernel_available, int4_linear, pack_raw, screen_raw,
+                                  screens)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -333,12 +333,12 @@ class WeightFormat:
     int4_act_dtype: torch.dtype = torch.bfloat16
     int4_wide_dtype: torch.dtype | None = None
 
-    def wants_raw(self, ggml_type, output: bool = False) -> bool:
+    def wants_raw(self, ggml_type, output_rows: int = 0) -> bool:
         """Whether a linear weight stored as `ggml_type` should reach `prepare` as its raw
-        blocks (a `RawTensor`) rather than dequantized to float32; `output`: it is the
-        output projection, screened when its blocks are not one 4-bit plane."""
+        blocks (a `RawTensor`) rather than dequantized to float32; `output_rows`: it is the
+        output projection of that many tokens, which may be screened (`screens`)."""
         return self.int4 and int4_kernel_available() and (
-            ggml_type in INT4_TYPES or (output and ggml_type in SCREENED_TYPES))
+            ggml_type in INT4_TYPES or screens(ggml_type, output_rows))
 
     def prepare(self, w: torch.Tensor | RawTensor, keep_rows: bool = False,
                 output: bool = False) -> Weight:

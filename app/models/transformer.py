@@ -369,7 +369,8 @@ class TransformerLM(torch.nn.Module):
     def wants_raw(self, slot: str, ggml_type) -> bool:
         """Whether `slot` should be assigned a GGUF tensor's raw blocks (kept quantized)."""
         name = slot.rsplit(".", 1)[-1]
-        return self._is_linear(name) and self.fmt.wants_raw(ggml_type, output=name in ("embedding", "head"))
+        output_rows = self.cfg.vocab_size if name in ("embedding", "head") else 0
+        return self._is_linear(name) and self.fmt.wants_raw(ggml_type, output_rows)
 
     def finish_loading(self) -> "TransformerLM":
         missing = [slot for slot in self.slot_shapes() if self._slot_value(slot) is None]

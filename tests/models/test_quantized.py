@@ -177,7 +177,7 @@ def small_heads_screened(monkeypatch):
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q5_1, T.Q6_K])
 def test_a_screened_head_gives_exact_logits_at_the_top(t, small_heads_screened):
     raw = head_blocks(t, seed=11)
-    assert INT4_BF16.wants_raw(t, output=True) and not INT4_BF16.wants_raw(T.Q6_K)
+    assert INT4_BF16.wants_raw(t, output_rows=VOCAB) and not INT4_BF16.wants_raw(T.Q6_K)
     head = INT4_BF16.prepare(raw, output=True)
     assert len(head.planes) == 1 and head.exact_top == EXACT_TOP
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(3)) * 4
@@ -245,6 +245,7 @@ def test_one_plane_heads_and_small_vocabularies_are_not_screened():
     assert head.exact_top == 0 and len(head.planes) == 2 and head.rows is not None
     head = INT4_BF16.prepare(head_blocks(T.Q6_K, seed=14), output=True)
     assert isinstance(head, torch.Tensor)  # a float copy, as for any Q6_K weight
+    assert not INT4_BF16.wants_raw(T.Q6_K, output_rows=VOCAB)  # so it arrives as floats
     assert screens(T.Q8_0, 262144) and screens(T.Q6_K, 128256) and not screens(T.Q4_K, 262144)
 
 

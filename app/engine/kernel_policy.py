@@ -787,16 +787,17 @@ def pick_kv(m: Measurement) -> tuple[str, str]:
     margin = max(MIN_GAIN, noise)
     faster = any(times["bfloat16"] < times["float32"] * (1 - margin)
                  for times in (m.kv_ms, m.kv_prefill_ms))
-    keeps_up = m.kv_ms["bfloat16"] <= m.kv_ms["float32"] * (1 + margin)
-    if faster and keeps_up and _kv_prefill_keeps_up(m, "bfloat16", "float32"):
+    if faster and all(_kv_keeps_up(m, times, "bfloat16", "float32")
+                      for times in (m.kv_ms, m.kv_prefill_ms)):
         return "bfloat16", f"; KV cache bfloat16 ({figures})"
     return KV_DEFAULT, f"; KV cache float32 ({figures})"
 
 
-def _kv_prefill_keeps_up(m: Measurement, kind: str, against: str) -> bool:
-    """Whether `kind`'s prefill-chunk attention is no slower than `against`'s beyond noise."""
+def _kv_keeps_up(m: Measurement, times: dict[str, float], kind: str, against: str) -> bool:
+    """Whether `kind`'s attention in `times` (m.kv_ms or m.kv_prefill_ms) is no slower than
+    `against`'s beyond noise."""
     margin = max(MIN_GAIN, m.kv_spread.get(kind, 0.0), m.kv_spread.get(against, 0.0))
-    return m.kv_prefill_ms.get(kind, math.inf) <= m.kv_prefill_ms.get(against, 0.0) * (1 + margin)
+    return times.get(kind, math.inf) <= times.get(against, 0.0) * (1 + margin)
 
 
 def _noise(times: dict[str, float], spreads: dict[str, float], allowed: list[str]) -> float:
@@ -938,7 +939,7 @@ def still_holds(policy: Policy, m: Measurement) -> bool | None:
     than the default whose prefill attention is slower beyond noise (`pick_kv` would not
     take it)."""
     kv_ms = {k: ms for k, ms in m.kv_ms.items()
-             if k in (policy.kv, KV_DEFAULT) or _kv_prefill_keeps_up(m, k, policy.kv)}
+             if k in (policy.kv, KV_DEFAULT) or _kv_keeps_up(m, m.kv_prefill_ms, k, policy.kv)}
     for times, spreads, chosen in ((m.decode_ms, m.decode_spread, policy.decode),
                                    (m.prefill_ms, m.prefill_spread, policy.prefill),
                                    (kv_ms, m.kv_spread, policy.kv)):

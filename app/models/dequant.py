@@ -319,7 +319,7 @@ def dequantize_rows(data: torch.Tensor, ggml_type: GGMLQuantizationType, cols: i
     """Whole rows of a tensor with a torch kernel: uint8 [n, row_bytes] (rows gathered from a
     larger tensor, already checked when it was loaded) -> float32 [n, cols], with none of
     `dequantize`'s checks and copies (a screened head dequantizes ~1,024 rows a token)."""
-    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    type_size = GGML_QUANT_SIZES[ggml_type][1]
     return _KERNELS[ggml_type](data.reshape(-1, type_size)).reshape(data.shape[0], cols)
 
 

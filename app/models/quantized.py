@@ -24,13 +24,13 @@ stay float copies.
 The output projection is the exception (`screen_raw`): a step reads the whole of it for a
 handful of logits that matter, so when its blocks are not one 4-bit plane already (a tied
 Q8_0 embedding: two planes, ~210 MB a token for Gemma 3's 262,144 rows) and its vocabulary
-is large (`SCREEN_MIN_ROWS`), it is held as a
-re-quantized one-plane screen plus its raw blocks. The screen ranks every token; about the
-`exact_top` best of each row are recomputed from the blocks in float32 (`_rescored`), so
-every greedy token is the exact head's. Only tokens the screen ranks below those keep a
-4-bit logit: measured on Gemma 3 270M (CPython's LICENSE, 3,438 tokens), the 4-bit model's
-mean NLL over float32 is +0.122% with ~1,024 rescored (+0.108% with the exact two-plane
-head; +0.200% with 512, +0.391% with 256; the screen alone cost 1.9% on 1,024 tokens).
+is large (`SCREEN_MIN_ROWS`), it is held as a re-quantized one-plane screen plus its raw
+blocks. The screen ranks every token; about the `exact_top` best of each row are recomputed
+from the blocks in float32 (`_rescored`), so every greedy token is the exact head's. Only
+tokens the screen ranks below those keep a 4-bit logit: measured on Gemma 3 270M (CPython's
+LICENSE, 3,438 tokens), the 4-bit model's mean NLL over float32 is +0.122% with ~1,024
+rescored (+0.108% with the exact two-plane head; +0.200% with 512, +0.391% with 256; the
+screen alone cost 1.9% on 1,024 tokens).
 
 The integer codes come straight from the block bits; only s and b are computed, with the same
 float32 operations `app.models.dequant` uses.

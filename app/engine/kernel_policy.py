@@ -10,7 +10,7 @@ alone, never on the CPU's name or on the kernels torch lists.
 
 What is timed is what the engine runs (`ModelShapes`): Q, K, V joined into one product and
 gate, up into another, as `finish_loading` joins them; for the 4-bit kinds each weight with
-its own planes (Q5/Q8 blocks: two, Q4: one) and the weights that stay float (Q6_K) charged at
+its own planes (Q5/Q8/Q6_K blocks: two, Q4: one) and the weights that stay float charged at
 the fastest float kind's time, as a 4-bit load stores them. A decode step reads every weight
 from memory once; so a decode pass cycles through distinct copies of the weights, at least
 twice the last-level cache in all (never more than the model has), instead of timing one
@@ -86,8 +86,8 @@ import torch
 
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (INT4_TYPES, ONE_PLANE_TYPES, Int4Form, Int4Plane, QuantizedWeight,
-                                  int4_kernel_available, pack_int4, quantize_int4, screens)
+from app.models.quantized import (Int4Form, Int4Plane, QuantizedWeight, int4_kernel_available,
+                                  kernel_planes, pack_int4, quantize_int4, screens)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -149,8 +149,9 @@ class ModelShapes:
 
     `layers`: (out, in) -> products per step when every weight is a float (Q, K, V joined,
     gate and up joined). `int4_layers`: (out, in, planes) -> products per step when weights
-    whose blocks fit the 4-bit kernel stay quantized: planes 1 (Q4 blocks) or 2 (Q5/Q8),
-    0 for a weight that stays a float (Q6_K, float tensors); joined only where `layers.fuse`
+    whose blocks fit the 4-bit kernel stay quantized: planes 1 (Q4 blocks) or 2 (Q5/Q8,
+    and Q2_K/Q3_K/Q6_K approximated), 0 for a weight that stays a float (float tensors;
+    `quantized.kernel_planes`); joined only where `layers.fuse`
     joins them (same planes, parts of 64-row multiples). `head`: the output projection
     (out, in), with `head_planes` as a 4-bit weight (0: it stays a float). `kv`: (layers,
     query heads, KV heads, head dim) of its attention, for timing the KV cache's dtype
@@ -373,7 +374,7 @@ def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
     if kind.startswith("int4"):
         act = torch.bfloat16 if kind == "int4_bf16" else torch.float32
         form = quantize_int4(w)
-        if planes == 2:  # Q5/Q8 blocks: a second plane of high bits
+        if planes == 2:  # Q5/Q8/Q6_K blocks: a second plane
             form = Int4Form(form.lo, torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8),
                             form.s, form.b)
         return QuantizedWeight(pack_int4(form, act), n, k, act), False
@@ -1004,8 +1005,8 @@ def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
 
 # ---- a model file's shapes -----------------------------------------------------------------
 
-_SHAPES_VERSION = 4  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
-#                     4: screened heads are one plane)
+_SHAPES_VERSION = 5  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
+#                     4: screened heads are one plane; 5: Q2_K/Q3_K/Q6_K are two planes)
 
 
 def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
@@ -1053,18 +1054,11 @@ def _dims(text: str, count: int) -> tuple[int, ...]:
     return dims
 
 
-def _planes(ggml_type) -> int:
-    """4-bit planes a GGUF block type keeps in a 4-bit load (0: it becomes a float)."""
-    if ggml_type not in INT4_TYPES:
-        return 0
-    return 1 if ggml_type in ONE_PLANE_TYPES else 2
-
-
 def _head_planes(ggml_type, rows: int) -> int:
     """The same for the output projection of `rows` tokens: a screened one is one plane
     (`quantized.screens`; its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are
     not timed: the same for every 4-bit kind, and small beside what the screen saves)."""
-    return 1 if screens(ggml_type, rows) else _planes(ggml_type)
+    return 1 if screens(ggml_type, rows) else kernel_planes(ggml_type)
 
 
 # Weights `finish_loading` joins into one product (`DecoderLayer.fuse_products`).
@@ -1120,7 +1114,7 @@ def gguf_shapes(path: Path) -> ModelShapes | None:
                 head = (n, k, _head_planes(info.ggml_type, n))  # an untied embedding is only gathered from
             elif tensor.startswith("blk."):
                 _, index, rest = tensor.split(".", 2)
-                per_layer.setdefault(int(index), {})[rest] = (n, k, _planes(info.ggml_type))
+                per_layer.setdefault(int(index), {})[rest] = (n, k, kernel_planes(info.ggml_type))
     if head is None or not per_layer:
         return None
     layers: dict[tuple[int, int], int] = {}

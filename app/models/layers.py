@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (EXACT_TOP, INT4_TYPES, Int4Plane, QuantizedWeight, RawTensor,
-                                  int4_kernel_available, int4_linear, pack_raw, screen_raw,
-                                  screens)
+from app.models.quantized import (EXACT_TOP, Int4Plane, QuantizedWeight, RawTensor,
+                                  int4_kernel_available, int4_linear, kernel_planes, pack_raw,
+                                  screen_raw, screens)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False)
 def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weight]] | None:
     """Weights [out_i, in] with the same input, as one weight whose product is theirs side
     by side ([..., sum out_i]), and each part again as a view of it (so nothing is held
-    twice); None when their kinds differ (e.g. a GGUF file's Q6_K V next to Q4_K Q and K).
+    twice); None when their kinds differ (e.g. a GGUF file's two-plane Q6_K V next to Q4_K Q and K).
 
     One product instead of two or three per layer is fewer dispatches and one pass over the
     activations. Parts that already lie side by side in one storage (a weight cache saved
@@ -338,7 +338,7 @@ class WeightFormat:
         blocks (a `RawTensor`) rather than dequantized to float32; `output_rows`: it is the
         output projection of that many tokens, which may be screened (`screens`)."""
         return self.int4 and int4_kernel_available() and (
-            ggml_type in INT4_TYPES or screens(ggml_type, output_rows))
+            kernel_planes(ggml_type) > 0 or screens(ggml_type, output_rows))
 
     def prepare(self, w: torch.Tensor | RawTensor, keep_rows: bool = False,
                 output: bool = False) -> Weight:

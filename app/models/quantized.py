@@ -18,8 +18,15 @@ form exactly once written as
 
 Plane one: codes lo, scale s, zero b + 8s. Plane two (when h exists): codes h + 8, scale 16s,
 zero 0. The sum of the two products is exactly the dequantized weight, up to the rounding of
-scale and zero to the kernel's dtype. Q6_K (groups of 16) and float tensors do not fit and
-stay float copies.
+scale and zero to the kernel's dtype.
+
+Q2_K, Q3_K and Q6_K scale groups of 16, which the kernel's groups of 32 cannot follow. Their
+weights are held as two planes too, approximately (`residual_planes`): plane one is a 4-bit
+min/max quantization of the dequantized weight, plane two one of what plane one misses. Each
+value is then within 1/450 of its group's range (about 8 bits; Q6_K's own step is 1/63 of a
+16-group's range), so the approximation adds about a tenth to the noise Q6_K already has,
+and a decode step reads two 4-bit planes instead of a float copy: Gemma 3 270M's nine Q6_K
+down projections took 2.9 ms of a ~30 ms step as float32. Float tensors stay float copies.
 
 The output projection is the exception (`screen_raw`): a step reads the whole of it for a
 handful of logits that matter, so when its blocks are not one 4-bit plane already (a tied
@@ -53,6 +60,8 @@ INT4_GROUP = 32
 _INNER_K_TILES = 2
 INT4_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0})
 ONE_PLANE_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
+# Blocks with groups of 16, held as two planes that approximate them (`residual_planes`).
+RESIDUAL_TYPES = frozenset({T.Q2_K, T.Q3_K, T.Q6_K})
 # Output projections stored in these are screened (see the module docstring): every block type
 # `dequantize` reads with its torch kernels except the one-plane ones and plain floats.
 SCREENED_TYPES = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0, T.Q2_K, T.Q3_K, T.Q6_K})
@@ -63,7 +72,7 @@ EXACT_TOP = 1024
 # a 2-core AMX Xeon, the head's time for 1 / 4 rows of logits: Gemma 3's 262,144 x 640
 # 13.3 -> 8.0 / 24.0 -> 17.8 ms; SmolLM2's 49,152 x 576 1.71 -> 1.69 / 3.1 -> 5.2 ms.
 SCREEN_MIN_ROWS = 65536
-assert SCREENED_TYPES <= native_types(), "a screen's rows are dequantized by the torch kernels"
+assert SCREENED_TYPES | RESIDUAL_TYPES <= native_types(), "dequantized by the torch kernels"
 # Rows of logits rescored at a time: bounds the gathered weights when a caller asks for many
 # rows (the quality script's 256); a batch of streams is one.
 _RESCORE_ROWS = 16
@@ -244,24 +253,57 @@ def pack_int4(form: Int4Form, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
 PACK_ROWS = 8192
 
 
+def kernel_planes(ggml_type) -> int:
+    """4-bit planes a weight stored as `ggml_type` keeps (`pack_raw`); 0: it stays a float."""
+    if ggml_type in ONE_PLANE_TYPES:
+        return 1
+    return 2 if ggml_type in INT4_TYPES or ggml_type in RESIDUAL_TYPES else 0
+
+
 def pack_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...] | None:
-    """`pack_int4(int4_form(raw))`, PACK_ROWS rows at a time; None for types that do not fit."""
-    if raw.ggml_type not in INT4_TYPES:
+    """The planes of `raw`'s blocks (`pack_int4(int4_form(raw))`, or `residual_planes`),
+    PACK_ROWS rows at a time; None for types that do not fit (`kernel_planes` 0)."""
+    if not kernel_planes(raw.ggml_type):
         return None
     rows = raw.shape[0]
-    if rows <= PACK_ROWS:
-        return pack_int4(int4_form(raw), act_dtype)
-    chunks = [pack_int4(int4_form(raw.rows(start, min(rows, start + PACK_ROWS))), act_dtype)
+    chunks = [_pack_rows(raw.rows(start, min(rows, start + PACK_ROWS)), act_dtype)
               for start in range(0, rows, PACK_ROWS)]
+    if len(chunks) == 1:
+        return chunks[0]
     return tuple(Int4Plane(torch.cat([c[i].packed for c in chunks]),
                            torch.cat([c[i].scale_zeros for c in chunks], dim=1))
                  for i in range(len(chunks[0])))
 
 
+def _pack_rows(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
+    if raw.ggml_type in INT4_TYPES:
+        return pack_int4(int4_form(raw), act_dtype)
+    w = raw.dequantize()
+    if not torch.isfinite(w).all():
+        raise ModelError("A quantized weight has NaN or infinite values; the file is damaged.")
+    return residual_planes(w, act_dtype)
+
+
+def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> tuple[Int4Plane, Int4Plane]:
+    """Two planes whose products sum to about float32 w [N, K]: plane one quantizes w to 4
+    bits (min/max per group of 32), plane two the residual w - plane one, where plane one is
+    taken as the kernel applies it (its scale and zero rounded to `act_dtype`). Each value
+    lands within half a step of plane two, 1/450 of its group's range."""
+    first = quantize_int4(w)
+    scale, zero = first.s, first.b + 8 * first.s
+    kept_scale = scale.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
+    kept_zero = zero.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
+    residual = w - ((first.lo.to(torch.float32) - 8) * kept_scale + kept_zero)
+    second = quantize_int4(residual)
+    return (_plane(first.lo, scale, zero, act_dtype),
+            _plane(second.lo, second.s, second.b + 8 * second.s, act_dtype))
+
+
 def quantize_int4(w: torch.Tensor) -> Int4Form:
     """A 4-bit form for a float weight (as Q4_1: min/max per group of 32): for an output
-    projection's screen, whose top logits are recomputed exactly, and for timing candidate
-    kernels on a model's shapes; never a weight's only form."""
+    projection's screen, whose top logits are recomputed exactly, for the planes of
+    `residual_planes`, and for timing candidate kernels on a model's shapes; never a
+    weight's only form."""
     N, K = w.shape
     g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
     lo_v, hi_v = g.amin(-1), g.amax(-1)

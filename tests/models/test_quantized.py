@@ -17,8 +17,9 @@ from app.engine.sampling import SamplingParams
 from app.models.dequant import dequantize
 from app.models.layers import WeightFormat, linear
 from app.models.loader import load_model
-from app.models.quantized import (EXACT_TOP, INT4_GROUP, INT4_TYPES, QuantizedWeight, RawTensor,
-                                  int4_form, int4_kernel_available, pack_int4)
+from app.models.quantized import (EXACT_TOP, INT4_GROUP, INT4_TYPES, RESIDUAL_TYPES, QuantizedWeight,
+                                  RawTensor, int4_form, int4_kernel_available, kernel_planes,
+                                  pack_int4, pack_raw)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -105,6 +106,59 @@ def test_two_planes_for_five_and_eight_bit_blocks_one_for_four_bit():
     assert int4_form(RawTensor(torch.zeros(N, K // 256 * 210, dtype=torch.uint8), T.Q6_K, (N, K))) is None
 
 
+# Where each 16-group type keeps its float16 super-block scale(s) (d, and dmin for Q2_K).
+_SUPER_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q6_K: (208,)}
+
+
+def sixteen_group_blocks(t: T, seed: int) -> RawTensor:
+    """Random Q2_K/Q3_K/Q6_K block bits with sane float16 super-block scales."""
+    gen = torch.Generator().manual_seed(seed)
+    size = GGML_QUANT_SIZES[t][1]
+    data = torch.randint(0, 256, (N * K // 256, size), dtype=torch.uint8, generator=gen)
+    for at in _SUPER_SCALES[t]:
+        data[:, at:at + 2] = _f16_bytes(torch.rand(data.shape[0], generator=gen) * 0.002 + 1e-4)
+    return RawTensor(data.reshape(N, -1), t, (N, K))
+
+
+@pytest.mark.parametrize("t", sorted(RESIDUAL_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=str)
+def test_sixteen_value_groups_become_two_planes_within_a_450th_of_their_range(t, act):
+    """Q2_K/Q3_K/Q6_K scale groups of 16, which the kernel's groups of 32 cannot follow:
+    two planes, the second quantizing what the first misses, land every weight within half
+    a step of the second (1/450 of its group's range, plus the rounding of the scales; with
+    bfloat16 activations the product's own rounding to bfloat16 too)."""
+    raw = sixteen_group_blocks(t, seed=21)
+    expected = raw.dequantize()
+    planes = pack_raw(raw, act)
+    assert int4_form(raw) is None and len(planes) == kernel_planes(t) == 2
+    got = kernel_weight(QuantizedWeight(planes, N, K, act))
+    groups = expected.reshape(N, K // INT4_GROUP, INT4_GROUP)
+    spread = (groups.amax(-1) - groups.amin(-1)).repeat_interleave(INT4_GROUP, 1)
+    bound = spread / 400 + (expected.abs() * 2.0**-8 if act == torch.bfloat16 else 1e-7)
+    assert ((got - expected).abs() <= bound).all()
+    # far finer than the blocks' own step (1/63 of a Q6_K 16-group's range, coarser below)
+    assert (got - expected).abs().mean() < (spread / 63).mean() / 10
+
+
+def test_kernel_planes_per_block_type():
+    assert [kernel_planes(t) for t in (T.Q4_0, T.Q4_1, T.Q4_K)] == [1, 1, 1]
+    assert [kernel_planes(t) for t in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0)] == [2, 2, 2, 2]
+    assert [kernel_planes(t) for t in (T.Q2_K, T.Q3_K, T.Q6_K)] == [2, 2, 2]
+    assert [kernel_planes(t) for t in (T.F32, T.F16, T.BF16)] == [0, 0, 0]
+    assert pack_raw(RawTensor(torch.zeros(N, K * 2, dtype=torch.uint8), T.F16, (N, K)),
+                    torch.bfloat16) is None
+
+
+def test_a_damaged_sixteen_group_block_is_refused():
+    from app.models.errors import ModelError
+
+    raw = sixteen_group_blocks(T.Q6_K, seed=22)
+    raw.data.view(-1, GGML_QUANT_SIZES[T.Q6_K][1])[2, 208:210] = \
+        _f16_bytes(torch.tensor([float("inf")]))[0]
+    with pytest.raises(ModelError, match="NaN or infinite values"):
+        pack_raw(raw, torch.bfloat16)
+
+
 def test_a_damaged_scale_is_refused():
     raw = random_blocks(T.Q4_0, seed=5)
     raw.data.view(-1, GGML_QUANT_SIZES[T.Q4_0][1])[3, 0:2] = _f16_bytes(torch.tensor([float("nan")]))[0]
@@ -177,7 +231,7 @@ def small_heads_screened(monkeypatch):
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q5_1, T.Q6_K])
 def test_a_screened_head_gives_exact_logits_at_the_top(t, small_heads_screened):
     raw = head_blocks(t, seed=11)
-    assert INT4_BF16.wants_raw(t, output_rows=VOCAB) and not INT4_BF16.wants_raw(T.Q6_K)
+    assert INT4_BF16.wants_raw(t, output_rows=VOCAB) and not INT4_BF16.wants_raw(T.F16, VOCAB)
     head = INT4_BF16.prepare(raw, output=True)
     assert len(head.planes) == 1 and head.exact_top == EXACT_TOP
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(3)) * 4
@@ -244,8 +298,8 @@ def test_one_plane_heads_and_small_vocabularies_are_not_screened():
     head = INT4_BF16.prepare(head_blocks(T.Q8_0, seed=14), keep_rows=True, output=True)
     assert head.exact_top == 0 and len(head.planes) == 2 and head.rows is not None
     head = INT4_BF16.prepare(head_blocks(T.Q6_K, seed=14), output=True)
-    assert isinstance(head, torch.Tensor)  # a float copy, as for any Q6_K weight
-    assert not INT4_BF16.wants_raw(T.Q6_K, output_rows=VOCAB)  # so it arrives as floats
+    assert head.exact_top == 0 and len(head.planes) == 2  # approximated, as any Q6_K weight
+    assert INT4_BF16.wants_raw(T.Q6_K, output_rows=VOCAB)
     assert screens(T.Q8_0, 262144) and screens(T.Q6_K, 128256) and not screens(T.Q4_K, 262144)
 
 
@@ -283,7 +337,6 @@ def test_an_untied_quantized_head_is_screened_by_the_loader(tmp_path, qtype, sma
 # ---- the real model ------------------------------------------------------------------------
 
 INT4_EXACT = WeightFormat(torch.float32, False, None, True, torch.float32)  # float32 activations
-GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -292,9 +345,15 @@ def reference(shared_dir):
 
 
 @pytest.mark.slow
-def test_gemma_kept_in_4_bits_matches_transformers_first_logits(embedded_model_path, reference):
-    """With float32 activations the 4-bit planes are the file's weights up to float32
-    rounding: the first step's top-10 logits match transformers' float32 run."""
+def test_gemma_kept_in_4_bits_matches_transformers_first_logits(embedded_model_path, reference,
+                                                              monkeypatch):
+    """With float32 activations the exact 4-bit planes are the file's weights up to float32
+    rounding: the first step's top-10 logits match transformers' float32 run. (The Q6_K
+    down projections, approximated by two planes, stay float copies here; they move these
+    logits by up to ~0.02.)"""
+    import app.models.quantized as quantized
+
+    monkeypatch.setattr(quantized, "RESIDUAL_TYPES", frozenset())
     loaded = load_model(embedded_model_path, torch.device("cpu"), torch.float32, torch.float32,
                         int4=INT4_EXACT)
     quantized = [w for layer in loaded.model.layers for w in (layer.q, layer.o, layer.down)]
@@ -308,28 +367,31 @@ def test_gemma_kept_in_4_bits_matches_transformers_first_logits(embedded_model_p
 
 @pytest.mark.slow
 def test_gemma_in_4_bits_keeps_greedy_tokens_on_the_reference_prompts(embedded_model_path, reference):
-    """The run-time format (bfloat16 activations into the kernel, the screened head). The
-    long prompt's 16 greedy tokens all agree with float32. On the short prompts the 4-bit
-    model may leave float32's path only at a near-tie: where float32's two best logits lie
-    within the 4-bit weights' noise (their logits move by up to ~0.05 each; one prompt's
-    fourth token is 24.444 against 24.350 in float32 and 24.443 against 24.446 in 4 bits),
-    and only to float32's second choice."""
+    """The run-time format (bfloat16 activations into the kernel, the screened head, the
+    Q6_K layers in two approximating planes). The 4-bit model may leave float32's greedy
+    path only at a near-tie: where float32's two best logits lie within the 4-bit weights'
+    noise (their logits move by up to ~0.05 each; one prompt's fourth token is 24.444
+    against 24.350 in float32 and 24.443 against 24.446 in 4 bits; the long prompt's second
+    18.893 against 18.824), and only to float32's second choice."""
+    from tests.models.test_gemma3 import all_logits
+
     fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16)
     loaded = load_model(embedded_model_path, torch.device("cpu"), torch.float16, torch.float32, int4=fmt)
-    long_prompt = json.loads((FIXTURES / "gemma3_long_prompt.json").read_text())
-    got = generate(loaded, long_prompt["prompt_ids"], SamplingParams(max_tokens=16, temperature=0,
-                                                                     ignore_eos=True)).completion_ids
-    assert got == long_prompt["greedy_ids"]
-    from tests.models.test_gemma3 import all_logits
     exact = load_model(embedded_model_path, torch.device("cpu"), torch.float32, torch.float32)
-    for case in reference["cases"]:
-        got = generate(loaded, case["prompt_ids"], GREEDY).completion_ids
-        want = case["transformers"]["generated_ids"]
+    long_prompt = json.loads((FIXTURES / "gemma3_long_prompt.json").read_text())
+    cases = [(long_prompt["prompt_ids"], long_prompt["greedy_ids"])] + [
+        (case["prompt_ids"], case["transformers"]["generated_ids"]) for case in reference["cases"]]
+    departures = 0
+    for prompt, want in cases:
+        got = generate(loaded, prompt, SamplingParams(max_tokens=len(want), temperature=0,
+                                                      ignore_eos=True)).completion_ids
         n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
         if n < len(want):
-            assert got[n] == case["transformers"]["per_step_top5_ids"][n][1]
-            logits = all_logits(exact, case["prompt_ids"] + want[:n])[-1]
+            departures += 1
+            logits = all_logits(exact, prompt + want[:n])[-1]
+            assert got[n] == int(logits.topk(2).indices[1])
             assert logits[want[n]] - logits[got[n]] < 0.15
+    assert departures < len(cases)  # near-ties are rare: some prompt follows float32 throughout
 
 
 def test_a_float32_copy_beside_a_wide_one_multiplies_in_its_own_layout():

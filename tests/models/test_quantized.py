@@ -272,6 +272,7 @@ def test_the_screens_candidates_hold_every_id_above_their_rows_least():
     out = torch.randn(3, 262144, generator=torch.Generator().manual_seed(5))
     out[1] = 0  # every value equal: the work is still bounded
     rows, ids = _screened_top(out, 1024)
+    assert torch.equal(rows, rows.sort().values)  # row by row, the bounded row's too
     for r in (0, 2):
         mine = ids[rows == r]
         assert 256 <= mine.numel() <= 2048 and mine.unique().numel() == mine.numel()

@@ -106,9 +106,11 @@ class SequenceKV:
         self.table = tuple(table)
         self.data = torch.empty((kv.n_layers, 2, kv.n_kv_heads, capacity, kv.head_dim),
                                 device=pool.device, dtype=pool.dtype)
-        # Per layer (keys, values) [Hkv, capacity, D], views made once: attention reads them
-        # for every sequence in every layer of every pass.
-        self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(kv.n_layers)]
+        # Per layer (both [2, Hkv, capacity, D], keys [1, Hkv, capacity, D], values the same),
+        # views made once: attention writes and reads them for every sequence in every layer
+        # of every pass, and these shapes need no further view to do either.
+        self.layers = [(self.data[i], self.data[i, 0:1], self.data[i, 1:2])
+                       for i in range(kv.n_layers)]
         self.filled = 0
         self.in_pool = 0
 
@@ -131,10 +133,10 @@ class SequenceKV:
         start, end = self.in_pool, self.filled
         if end > start:
             slots = torch.tensor(pool.slots(self.table, start, end), device=pool.device)
-            for layer, (keys, values) in enumerate(self.layers):
-                # [Hkv, L, D] -> rows [L, Hkv, D]
-                pool.keys[layer].index_copy_(0, slots, keys[:, start:end].transpose(0, 1))
-                pool.values[layer].index_copy_(0, slots, values[:, start:end].transpose(0, 1))
+            for layer, (_, keys, values) in enumerate(self.layers):
+                # [1, Hkv, L, D] -> rows [L, Hkv, D]
+                pool.keys[layer].index_copy_(0, slots, keys[0, :, start:end].transpose(0, 1))
+                pool.values[layer].index_copy_(0, slots, values[0, :, start:end].transpose(0, 1))
         self.in_pool = end
 
 
@@ -210,30 +212,38 @@ class PagedBatchView:
                window: int | None, attention) -> torch.Tensor:
         # q [1, H, N, D]; k, v [1, Hkv, N, D]. Each sequence's copy gets its own [Hkv, n, D]
         # at positions [start, start + n); without keys the pool gets rows [N, Hkv, D] too.
+        # This runs per layer and, inside, per sequence: every operation in the loop is paid
+        # B times a layer, so the loop holds only views, one copy and the attention.
         if self._write_slots is not None:  # (index_copy_ does not convert: V may be bfloat16)
             dtype = self.pool.dtype
             self.pool.keys[layer].index_copy_(0, self._write_slots, k[0].transpose(0, 1).to(dtype))
             self.pool.values[layer].index_copy_(0, self._write_slots, v[0].transpose(0, 1).to(dtype))
-        single = len(self._seqs) == 1
-        k0, v0 = k[0], v[0]  # [Hkv, N, D]
-        outs = []
-        # narrow/unsqueeze rather than slicing subscripts: the same views, without Python's
-        # index parsing (this loop runs per sequence, per layer, per pass).
-        for i, seq in enumerate(self._seqs):
-            offset, n, start = self._offsets[i], self.counts[i], self.starts[i]
-            keys, values = seq.layers[layer]  # [Hkv, capacity, D]
-            if single:
-                keys.narrow(1, start, n).copy_(k0)
-                values.narrow(1, start, n).copy_(v0)
-                q_i = q
-            else:
-                keys.narrow(1, start, n).copy_(k0.narrow(1, offset, n))
-                values.narrow(1, start, n).copy_(v0.narrow(1, offset, n))
-                q_i = q.narrow(2, offset, n)
-            first = self._first_visible(i, window)
+        # The queries meet the keys in the cache's dtype: converted once here, not per
+        # sequence; the output stays in it (see KVView).
+        if q.dtype != self.pool.dtype:
+            q = q.to(self.pool.dtype)
+        if len(self._seqs) == 1:
+            n, start = self.counts[0], self.starts[0]
+            _, keys, values = self._seqs[0].layers[layer]  # [1, Hkv, capacity, D]
+            keys.narrow(2, start, n).copy_(k)
+            values.narrow(2, start, n).copy_(v)
+            first = self._first_visible(0, window)
             seen = start + n - first
-            outs.append(attention(q_i, keys.narrow(1, first, seen).unsqueeze(0),
-                                  values.narrow(1, first, seen).unsqueeze(0),
-                                  self._mask(i, window, first)))
-        # Sequences are packed in order, so their outputs concatenate into the packed row.
-        return outs[0] if single else torch.cat(outs, dim=2)
+            out = attention(q, keys.narrow(2, first, seen), values.narrow(2, first, seen),
+                            self._mask(0, window, first))
+        else:
+            new = torch.cat((k, v))  # [2, Hkv, N, D]: one copy a sequence writes both
+            outs = []
+            # narrow rather than slicing subscripts: the same views, without Python's index
+            # parsing.
+            for i, seq in enumerate(self._seqs):
+                offset, n, start = self._offsets[i], self.counts[i], self.starts[i]
+                both, keys, values = seq.layers[layer]
+                both.narrow(2, start, n).copy_(new.narrow(2, offset, n))
+                first = self._first_visible(i, window)
+                seen = start + n - first
+                outs.append(attention(q.narrow(2, offset, n), keys.narrow(2, first, seen),
+                                      values.narrow(2, first, seen), self._mask(i, window, first)))
+            # Sequences are packed in order, so their outputs concatenate into the packed row.
+            out = torch.cat(outs, dim=2)
+        return out

@@ -52,7 +52,8 @@ class KVView(Protocol):
     every position they may see (the new ones included) and a boolean mask (True = may
     attend) that already applies causality, padding and the layer's sliding `window` (None
     for a global layer), or no mask (None) when every query may see every key it is given; it may do so in several groups (e.g. one per sequence) and returns
-    the output [S, H, T, D] in q's layout.
+    the output [S, H, T, D] in q's layout, in q's dtype or the cache's (a bfloat16 cache's
+    output goes on to a 4-bit product, which takes bfloat16).
     """
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -231,6 +231,20 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False)
     return x @ w if transposed else F.linear(x, w)
 
 
+def linear_from(x: torch.Tensor, w: Weight, transposed: bool, act_dtype: torch.dtype,
+                promotes: bool = False) -> torch.Tensor:
+    """`linear` for an input that may be narrower than the activations (`act_dtype`): a
+    4-bit product's bfloat16 output, or attention's in the KV cache's dtype. A quantized
+    weight takes it as it is (its kernel wants that dtype: no conversion there and back, two
+    dispatches a product a decode step); a float weight's product would come back in the
+    narrow dtype, so it gets the input in `act_dtype`. The result is in `act_dtype` unless
+    `promotes` (see `linear`)."""
+    if x.dtype != act_dtype and not isinstance(w, QuantizedWeight):
+        x = x.to(act_dtype)
+    y = linear(x, w, transposed, promotes)
+    return y if promotes or y.dtype == act_dtype else y.to(act_dtype)
+
+
 def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weight]] | None:
     """Weights [out_i, in] with the same input, as one weight whose product is theirs side
     by side ([..., sum out_i]), and each part again as a view of it (so nothing is held

@@ -29,7 +29,7 @@ from app.models.causal_lm import KVFacts, KVView
 from app.models.errors import ModelError
 from app.models.quantized import RawTensor
 from app.models.layers import (ACTIVATIONS, ROPE_HALF, ROPE_INTERLEAVED, RopeSpec, Weight,
-                               WeightFormat, fuse, linear, rms_norm, rotate, soft_cap)
+                               WeightFormat, fuse, linear, linear_from, rms_norm, rotate, soft_cap)
 
 
 @dataclass(frozen=True)
@@ -212,11 +212,15 @@ class DecoderLayer(torch.nn.Module):
     def mlp(self, x: torch.Tensor, promotes: bool = False) -> torch.Tensor:
         t = self.fmt.transposed
         of = self._gate_up_of
+        # gate and up stay in their product's dtype (a 4-bit kernel's bfloat16): the
+        # activation and the gating multiply run in it, and the down product takes it as is.
         if of and of[0] is self.gate and of[1] is self.up:
-            gate, up = linear(x, self.gate_up, t).chunk(2, dim=-1)
+            gate, up = linear(x, self.gate_up, t, promotes=True).chunk(2, dim=-1)
         else:
-            gate, up = linear(x, self.gate, t), linear(x, self.up, t)
-        return linear(self.act(gate) * up, self.down, t, promotes)
+            gate, up = linear(x, self.gate, t, promotes=True), linear(x, self.up, t, promotes=True)
+        if gate.dtype != up.dtype:
+            gate, up = gate.to(x.dtype), up.to(x.dtype)
+        return linear_from(self.act(gate) * up, self.down, t, x.dtype, promotes)
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, d] -> Q, K, V side by side [N, (H + 2 Hkv) * D]."""
@@ -259,9 +263,9 @@ class DecoderLayer(torch.nn.Module):
         q = qk[:, :, :H].transpose(1, 2)  # [S, H, T, D]
         k = qk[:, :, H:].transpose(1, 2)  # [S, Hkv, T, D]
         v = y[:, :, H + Hkv:].transpose(1, 2)
-        out = kv.attend(self.index, q, k, v, self.window, self._attend)
+        out = kv.attend(self.index, q, k, v, self.window, self._attend)  # x's or the cache's dtype
         out = out.transpose(1, 2).reshape(S * T, H * D)
-        return linear(out, self.o, self.fmt.transposed, promotes)
+        return linear_from(out, self.o, self.fmt.transposed, x.dtype, promotes)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:

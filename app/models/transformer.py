@@ -152,6 +152,11 @@ class DecoderLayer(torch.nn.Module):
         self.gate_up: Weight | None = None
         self._qkv_of: tuple = ()
         self._gate_up_of: tuple = ()
+        # QK-norm's two weights as one [H + Hkv, D] (q_norm for every query head, k_norm for
+        # every key head), for one norm over Q and K together; used while the slots still
+        # hold what it was made of (`_qk_norm_of`).
+        self.qk_norm: torch.Tensor | None = None
+        self._qk_norm_of: tuple = ()
 
     def fuse_products(self) -> None:
         """Join Q, K, V (or Q, K) and gate, up into one product each, the slots becoming
@@ -174,6 +179,12 @@ class DecoderLayer(torch.nn.Module):
         if fused is not None:
             self.gate_up, (self.gate, self.up) = fused
             self._gate_up_of = (self.gate, self.up)
+        self.qk_norm, self._qk_norm_of = None, ()
+        if self.q_norm is not None and self.k_norm is not None:
+            c = self.cfg
+            self.qk_norm = torch.cat((self.q_norm.expand(c.n_heads, -1),
+                                      self.k_norm.expand(c.n_kv_heads, -1)))
+            self._qk_norm_of = (self.q_norm, self.k_norm)
 
     def slot_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight this layer needs, [out, in] for linear ones, as the loader fills them."""
@@ -254,7 +265,13 @@ class DecoderLayer(torch.nn.Module):
         S, T = cos.shape[0], cos.shape[1]
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         y = self._qkv(x).view(S, T, H + 2 * Hkv, D)
-        if self.q_norm is not None:
+        of = self._qk_norm_of
+        if of and of[0] is self.q_norm and of[1] is self.k_norm and y.dtype == torch.float32:
+            # One norm over every Q and K head, then each head's weight: the same values as
+            # two norms and a concatenation (float32 rms_norm multiplies by its weight last),
+            # in two operations a layer instead of seven.
+            qk = rms_norm(y[:, :, :H + Hkv], None, c.rms_eps) * self.qk_norm
+        elif self.q_norm is not None:
             qk = torch.cat((rms_norm(y[:, :, :H], self.q_norm, c.rms_eps),
                             rms_norm(y[:, :, H:H + Hkv], self.k_norm, c.rms_eps)), dim=2)
         else:

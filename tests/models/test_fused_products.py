@@ -63,3 +63,51 @@ def test_weights_of_different_kinds_stay_apart():
     a, b, c = _floats(3)
     assert fuse([a, b.half(), c], False) is None
     assert fuse([a, DualWeight(b.half(), b.bfloat16())], False) is None
+
+
+
+def _qk_norm_lm():
+    from app.models.layers import RopeSpec, WeightFormat
+    from app.models.transformer import DecoderConfig, TransformerLM
+
+    cfg = DecoderConfig(architecture="qwen3", vocab_size=50, d_model=32, n_layers=1, n_heads=4,
+                        n_kv_heads=2, head_dim=16, ffn_dim=64, context_length=64, rms_eps=1e-6,
+                        rope=RopeSpec(10_000.0, 16), qk_norm=True)
+    return TransformerLM(cfg, WeightFormat(torch.float32, transposed=False), torch.float32)
+
+
+def _loaded(weights: dict[str, torch.Tensor]):
+    model = _qk_norm_lm()
+    for slot, value in weights.items():
+        model.assign(slot, value)
+    return model.finish_loading()
+
+
+def _run(model) -> torch.Tensor:
+    from app.engine.contiguous_kv import ContiguousKV
+
+    kv = ContiguousKV(model.kv_facts, 16, torch.device("cpu"), torch.float32)
+    with torch.inference_mode():
+        return model(torch.tensor([[3, 7, 11, 5]]), kv.positions(4), kv)
+
+
+def test_qk_norm_runs_as_one_norm_and_a_later_weight_still_wins():
+    """Q and K heads normed together with one [H + Hkv, D] weight give the two norms' values
+    exactly; a q_norm assigned after loading is used, not the joined weight made before."""
+    g = torch.Generator().manual_seed(1)
+    weights = {slot: (1 + 0.2 * torch.rand(*shape, generator=g)) if len(shape) == 1
+               else 0.1 * torch.randn(*shape, generator=g)
+               for slot, shape in _qk_norm_lm().slot_shapes().items()}
+    model = _loaded(weights)
+    layer = model.layers[0]
+    assert layer.qk_norm is not None and layer.qk_norm.shape == (4 + 2, 16)
+    joined = _run(model)
+    layer._qk_norm_of = ()  # the two separate norms
+    assert torch.equal(_run(model), joined)
+
+    other = 1 + 0.3 * torch.rand(16, generator=g)
+    model = _loaded(weights)
+    model.assign("layers.0.q_norm", other)  # after finish_loading
+    expected = _loaded(weights | {"layers.0.q_norm": other})
+    assert torch.equal(_run(model), _run(expected))
+    assert not torch.equal(_run(model), joined)

@@ -6,6 +6,10 @@ which ships with every Python; its first --tokens tokens), the relative change a
 float32, and whether greedy decoding from the reference prompts (tests/fixtures/*.json and,
 when given, the shared Gemma reference) gives the same tokens as float32.
 
+The text is scored in passes of --chunk tokens (default 8), as decoding runs its products:
+a 4-bit load multiplies passes of more rows by its float copy (prefill), so longer passes
+would measure that copy, not the 4-bit planes every generated token goes through.
+
     .venv/bin/python scripts/measure_weight_quality.py --model default --formats float32,int4,auto
     .venv/bin/python scripts/measure_weight_quality.py --formats float32,auto --kv float32,bfloat16
 """
@@ -34,7 +38,7 @@ def license_text() -> str:
 
 
 @torch.inference_mode()
-def mean_nll(loaded, ids: list[int], chunk: int = 256) -> float:
+def mean_nll(loaded, ids: list[int], chunk: int = 8) -> float:
     from app.engine.contiguous_kv import ContiguousKV
 
     kv = ContiguousKV(loaded.kv_facts, len(ids), loaded.device, loaded.kv_dtype)
@@ -116,6 +120,8 @@ def main() -> int:
     parser.add_argument("--formats", default="float32,int4,auto,float16,bfloat16")
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--greedy-tokens", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=8,
+                        help="tokens a pass when scoring the text (see the module docstring)")
     parser.add_argument("--shared", type=Path, default=None)
     parser.add_argument("--requantize", default="",
                         help="comma-separated block formats (Q4_0,Q4_1,Q5_0,Q5_1,Q8_0): measure "
@@ -155,7 +161,7 @@ def measure_file(path: Path, args, label: str) -> None:
         tok = loaded.tokenizer
         ids = (bos_prefix(tok) + tok.encode(license_text()))[: args.tokens]
         prompts = reference_prompts(loaded.name, args.shared)
-        nll = mean_nll(loaded, ids)
+        nll = mean_nll(loaded, ids, args.chunk)
         outs = [greedy(loaded, p, args.greedy_tokens) for p in prompts]
         if base_nll is None:
             base_nll, base_tokens = nll, outs

@@ -56,9 +56,10 @@ def test_keeps_all_threads_when_they_are_faster_and_probes_less_and_less():
     tuner = ThreadTuner(2, setter)
     used = drive(tuner, {2: 0.010, 1: 0.016}, 5000)
     assert tuner.current == 2 and tuner.switches == 0
-    # Each failed probe doubles the wait before the next one.
+    # Each failed probe doubles the wait before the next one, and ends at its first counted
+    # pass: the waking pass and that one.
     assert tuner.probes <= 10
-    assert used.count(1) == tuner.probes * thread_tuner.PROBE_PASSES
+    assert used.count(1) == 2 * tuner.probes
 
 
 def test_a_probe_far_slower_is_cut_short():
@@ -66,6 +67,13 @@ def test_a_probe_far_slower_is_cut_short():
     used = drive(tuner, {2: 0.010, 1: 0.030}, 5000)
     assert tuner.current == 2
     assert used.count(1) == 2 * tuner.probes  # the waking pass and one counted pass
+
+
+def test_a_probe_a_little_slower_ends_at_its_first_counted_pass():
+    tuner = ThreadTuner(2, lambda n: None)
+    used = drive(tuner, {2: 0.0100, 1: 0.0104}, 1000)
+    assert tuner.current == 2 and tuner.probes >= 2
+    assert used.count(1) == 2 * tuner.probes
 
 
 def test_a_small_gain_within_the_margin_does_not_switch():

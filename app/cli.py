@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=defaults.top_k)
     gen.add_argument("--top-p", type=float, default=defaults.top_p)
     gen.add_argument("--min-p", type=float, default=defaults.min_p)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--seed", type=int, default=None,
+                     help="the sampler's seed: the same seed, prompt and --dtype give the same "
+                          "text (with --dtype auto the measured format may change between runs "
+                          "on a busy machine, and the text with it)")
     gen.add_argument("--top-logprobs", type=int, default=0)
     gen.add_argument("--prefill-chunk", type=_positive, default=512)
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end")

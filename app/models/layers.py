@@ -115,10 +115,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, style: 
     head, tail = (x, None) if rotary == x.shape[-1] else (x[..., :rotary], x[..., rotary:])
     if style == ROPE_HALF:
         swapped = head.roll(rotary // 2, dims=-1)
-    else:
-        swapped = head.unflatten(-1, (rotary // 2, 2)).flip(-1).flatten(-2)
+    else:  # one gather by a fixed order (1, 0, 3, 2, ...), not unflatten, flip and flatten
+        swapped = head.index_select(-1, _pair_swap(rotary, head.device))
     out = torch.addcmul(head * cos, swapped, signed_sin)
     return out if tail is None else torch.cat((out, tail), dim=-1)
+
+
+_PAIR_SWAPS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _pair_swap(rotary: int, device: torch.device) -> torch.Tensor:
+    """[R] indices exchanging each interleaved pair's members: 1, 0, 3, 2, ..."""
+    order = _PAIR_SWAPS.get((rotary, device))
+    if order is None:
+        order = torch.arange(rotary, device=device).view(-1, 2).flip(-1).flatten()
+        _PAIR_SWAPS[(rotary, device)] = order
+    return order
 
 
 def llama3_frequency_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,

@@ -281,7 +281,8 @@ class DecoderLayer(torch.nn.Module):
         k = qk[:, :, H:].transpose(1, 2)  # [S, Hkv, T, D]
         v = y[:, :, H + Hkv:].transpose(1, 2)
         out = kv.attend(self.index, q, k, v, self.window, self._attend)  # x's or the cache's dtype
-        out = out.transpose(1, 2).reshape(S * T, H * D)
+        # [S, H, T, D] -> [S * T, H * D]; one token's is the same memory read flat (a view)
+        out = out.reshape(1, H * D) if S * T == 1 else out.transpose(1, 2).reshape(S * T, H * D)
         return linear_from(out, self.o, self.fmt.transposed, x.dtype, promotes)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -80,3 +80,19 @@ def test_weight_formats_prepare_what_linear_multiplies():
     dual = WeightFormat(torch.float16, transposed=False, wide_dtype=torch.bfloat16).prepare(w)
     assert isinstance(dual, DualWeight) and dual.shape == (6, 4)
     assert torch.allclose(linear(x, dual, False), ref, atol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 512])
+def test_interleaved_rotation_is_the_same_for_few_rows_and_many(rows):
+    """A decode step's few rows swap their pairs by a gather, a prefill chunk's by a flip:
+    the same values as `apply_rope` either way."""
+    from app.models.layers import RopeSpec, apply_rope, rotate
+
+    spec = RopeSpec(10_000.0, 64, style="interleaved")
+    x = torch.randn(1, rows, 5, 64, generator=torch.Generator().manual_seed(rows))
+    positions = torch.arange(rows)[None] + 7
+    cos, sin = spec.rotation(positions, torch.float32)  # [S, T, 1, R]
+    got = rotate(x, cos, sin, spec.style)
+    cos_t, sin_t = spec.tables(positions, torch.float32)  # [S, 1, T, R]
+    want = apply_rope(x.transpose(1, 2), cos_t, sin_t, spec.style).transpose(1, 2)
+    assert torch.allclose(got, want, atol=1e-6)

@@ -41,3 +41,25 @@ def test_load_times_first_and_warm(embedded_model_path, monkeypatch, _own_data_d
     assert results["load_first_s"] > 0 and results["load_warm_s"] > 0
     assert results["policy_measurement_s"] > 0 and results["weights"] == results["policy_measured"]
     assert not (_own_data_dir / "weight-cache").exists()
+
+
+@pytest.mark.slow
+def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, monkeypatch):
+    """Each figure is the best of `tries` runs, as the llama.cpp side of the comparison
+    script takes its best of two; the prefix cache is cleared before each, so the second
+    prefill reads its prompt again instead of adopting it."""
+    import app.bench as bench
+
+    seen = []
+    real = bench._drive
+
+    def drive(engine, jobs, *args, **kwargs):
+        (ids, params), = jobs.values()
+        seen.append((len(ids), params.max_tokens))
+        return real(engine, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_drive", drive)
+    (row,) = bench.run_dtype_comparison(embedded_model_path, "cpu", ["float16"],
+                                        decode_tokens=4, tries=2)
+    assert seen == [(33, 4), (33, 4), (1024, 1), (1024, 1)]  # BOS and the filler
+    assert row["decode_tokens_per_s"] > 0 and row["prefill_1024_s"] > 0.05  # not a cache hit

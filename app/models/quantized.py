@@ -336,29 +336,22 @@ def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
                       torch.cat([c.scale_zeros for c in chunks], dim=1)),)
 
 
-def _screened_top(out: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, id) pairs of about k of each row's largest values in out [n, V], row by row:
-    every id at or above its row's threshold, read off a strided sample of the row, so each
-    row's set always holds its best. torch's exact top-k over 262,144 logits takes ~1 ms on a 2-core
+def _screened_top(out: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """Ids of about k of each row's largest values in out [n, V], one tensor a row: every id
+    at or above its row's threshold, read off a strided sample of the row, so each row's set
+    always holds its best. torch's exact top-k over 262,144 logits takes ~1 ms on a 2-core
     CPU; the sample, the comparison and the ids ~0.2 ms, for all the rows at once."""
     n, vocab = out.shape
     stride = vocab // (4 * k)  # a sample of ~4k values a row, ~k // stride of them above
     if stride < 2:
-        ids = out.topk(min(k, vocab), dim=-1, sorted=False).indices
-        return torch.arange(n).repeat_interleave(ids.shape[1]), ids.reshape(-1)
+        return list(out.topk(min(k, vocab), dim=-1, sorted=False).indices)
     sample = out[:, ::stride].topk(max(1, k // stride), dim=-1, sorted=False).values
-    rows, ids = (out >= sample.amin(-1, keepdim=True)).nonzero(as_tuple=True)
-    over = (torch.bincount(rows, minlength=n) > 2 * k).nonzero().flatten().tolist()
-    if over:  # rows unlike their sample (many equal values): bound the work
-        keep = ~torch.isin(rows, torch.tensor(over))
-        parts = [(rows[keep], ids[keep])]
-        for r in over:
-            top = out[r].topk(k, sorted=False).indices
-            parts.append((torch.full_like(top, r), top))
-        rows, ids = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        order = rows.argsort(stable=True)
-        rows, ids = rows[order], ids[order]
-    return rows, ids
+    rows, ids = (out >= sample.amin(-1, keepdim=True)).nonzero(as_tuple=True)  # row by row
+    per_row = list(ids.split(torch.bincount(rows, minlength=n).tolist()))
+    for r, row_ids in enumerate(per_row):
+        if row_ids.numel() > 2 * k:  # a row unlike its sample (many equal values): bound the work
+            per_row[r] = out[r].topk(k, sorted=False).indices
+    return per_row
 
 
 def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
@@ -376,9 +369,7 @@ def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> to
     xf = x.float()
     for start in range(0, out.shape[0], _RESCORE_ROWS):
         part = out[start: start + _RESCORE_ROWS]
-        rows, ids = _screened_top(part, w.exact_top)
-        counts = torch.bincount(rows, minlength=part.shape[0]).tolist()
-        for r, row_ids in enumerate(ids.split(counts)):
+        for r, row_ids in enumerate(_screened_top(part, w.exact_top)):
             weights = dequantize_rows(w.rows.data.index_select(0, row_ids), w.rows.ggml_type,
                                       w.in_features)
             part[r].index_put_((row_ids,), weights.mul_(xf[start + r]).sum(-1))

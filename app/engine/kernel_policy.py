@@ -10,7 +10,7 @@ alone, never on the CPU's name or on the kernels torch lists.
 
 What is timed is what the engine runs (`ModelShapes`): Q, K, V joined into one product and
 gate, up into another, as `finish_loading` joins them; for the 4-bit kinds each weight with
-its own form (Q4 blocks: one 4-bit plane, other blocks: 8-bit rows) and the weights that stay float charged at
+its own planes (Q5/Q8/Q6_K blocks: two, Q4: one) and the weights that stay float charged at
 the fastest float kind's time, as a 4-bit load stores them. A decode step reads every weight
 from memory once; so a decode pass cycles through distinct copies of the weights, at least
 twice the last-level cache in all (never more than the model has), instead of timing one
@@ -86,9 +86,8 @@ import torch
 
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (FORM_INT4, FORM_INT8, Int4Plane, Int8Plane, QuantizedWeight,
-                                  int4_kernel_available, int8_rows, kernel_form, pack_int4,
-                                  quantize_int4, screens)
+from app.models.quantized import (Int4Form, Int4Plane, QuantizedWeight, int4_kernel_available,
+                                  kernel_planes, pack_int4, quantize_int4, screens)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -96,8 +95,8 @@ CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters
 # 3: products as the engine runs them (joined QKV and gate/up, 4-bit planes per weight, float
 # leftovers of a 4-bit load), weights streamed past the last-level cache, the stall probe.
 # 4: the KV cache's dtype (attention in float32 and bfloat16) in the same repetitions;
-# 5: bfloat16 KV taken for a prefill win too; 6: blocks other than Q4's as 8-bit rows.
-MEASURE_VERSION = 6
+# 5: bfloat16 KV taken for a prefill win too.
+MEASURE_VERSION = 5
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
@@ -149,12 +148,12 @@ class ModelShapes:
     """The linear products of one decoding step, as the engine runs them.
 
     `layers`: (out, in) -> products per step when every weight is a float (Q, K, V joined,
-    gate and up joined). `int4_layers`: (out, in, form) -> products per step when weights
-    whose blocks fit the quantized kernels stay quantized: form FORM_INT4 (Q4 blocks, one
-    4-bit plane), FORM_INT8 (other blocks, 8-bit rows) or FORM_FLOAT (float tensors; see
-    `quantized.kernel_form`); joined only where `layers.fuse` joins them (the same form,
-    parts of 64-row multiples). `head`: the output projection (out, in), with `head_form`
-    (FORM_FLOAT: it stays a float). `kv`: (layers,
+    gate and up joined). `int4_layers`: (out, in, planes) -> products per step when weights
+    whose blocks fit the 4-bit kernel stay quantized: planes 1 (Q4 blocks) or 2 (Q5/Q8,
+    and Q2_K/Q3_K/Q6_K approximated), 0 for a weight that stays a float (float tensors;
+    `quantized.kernel_planes`); joined only where `layers.fuse`
+    joins them (same planes, parts of 64-row multiples). `head`: the output projection
+    (out, in), with `head_planes` as a 4-bit weight (0: it stays a float). `kv`: (layers,
     query heads, KV heads, head dim) of its attention, for timing the KV cache's dtype
     (zeros: unknown, the cache keeps its default)."""
 
@@ -162,17 +161,17 @@ class ModelShapes:
     layers: dict[tuple[int, int], int]
     head: tuple[int, int]
     int4_layers: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    head_form: int = 0
+    head_planes: int = 0
     kv: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def int4_fraction(self) -> float:
         """Of the weight elements a decode step multiplies by, the share that stays 4-bit."""
         n, k = self.head
-        fit, total = (n * k if self.head_form else 0), n * k
-        for (rows, cols, form), count in self.int4_layers.items():
+        fit, total = (n * k if self.head_planes else 0), n * k
+        for (rows, cols, planes), count in self.int4_layers.items():
             total += rows * cols * count
-            fit += rows * cols * count if form else 0
+            fit += rows * cols * count if planes else 0
         return fit / total
 
     def key(self) -> str:
@@ -180,7 +179,7 @@ class ModelShapes:
         int4 = ",".join(f"{n}x{k}/{p}*{c}" for (n, k, p), c in sorted(self.int4_layers.items()))
         kv = "/".join(map(str, self.kv))
         return (f"{self.name}|{floats}|int4 {int4}|head {self.head[0]}x{self.head[1]}/"
-                f"{self.head_form}|kv {kv}")
+                f"{self.head_planes}|kv {kv}")
 
 
 # How a policy was arrived at, for the status bar, `bench` and the comparison script.
@@ -337,7 +336,7 @@ def write_cache(path: Path, entries: dict | None = None, files: dict | None = No
 
 # ---- what a kind runs ----------------------------------------------------------------------
 
-Key = tuple[int, int, int] | str  # (out, in, form) of a product, or HEAD
+Key = tuple[int, int, int] | str  # (out, in, planes) of a product, or HEAD
 
 
 @dataclass(frozen=True)
@@ -361,21 +360,24 @@ def _counts(shapes: ModelShapes, kind: str) -> _Counts:
         return _Counts({**own, HEAD: head_scale}, {}, extra)
     own = {key: c for key, c in shapes.int4_layers.items() if key[2]}
     borrowed = {key: c for key, c in shapes.int4_layers.items() if not key[2]}
-    if shapes.head_form:
+    if shapes.head_planes:
         own[HEAD] = head_scale
     else:
         borrowed[HEAD] = head_scale
     return _Counts(own, borrowed, {})
 
 
-def _weight(kind: str, n: int, k: int, form: int, gen: torch.Generator):
-    """A random [n, k] weight as `kind` stores it (for the 4-bit kinds, in `form`: one 4-bit
-    plane or 8-bit rows), and whether it is stored transposed."""
+def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
+    """A random [n, k] weight as `kind` stores it (`planes` 4-bit planes for the 4-bit kinds),
+    and whether it is stored transposed."""
     w = torch.randn(n, k, generator=gen) * 0.05
     if kind.startswith("int4"):
         act = torch.bfloat16 if kind == "int4_bf16" else torch.float32
-        planes = (int8_rows(w, act),) if form == FORM_INT8 else pack_int4(quantize_int4(w), act)
-        return QuantizedWeight(planes, n, k, act), False
+        form = quantize_int4(w)
+        if planes == 2:  # Q5/Q8/Q6_K blocks: a second plane
+            form = Int4Form(form.lo, torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8),
+                            form.s, form.b)
+        return QuantizedWeight(pack_int4(form, act), n, k, act), False
     dtype = _FLOAT[kind]
     transposed = weights_transposed(torch.device("cpu"), dtype)
     return WeightFormat(dtype, transposed).prepare(w), transposed
@@ -383,16 +385,14 @@ def _weight(kind: str, n: int, k: int, form: int, gen: torch.Generator):
 
 def _nbytes(w) -> int:
     if isinstance(w, QuantizedWeight):
-        return sum(p.codes.nbytes + p.scales.nbytes if isinstance(p, Int8Plane)
-                   else p.packed.nbytes + p.scale_zeros.nbytes for p in w.planes)
+        return sum(p.packed.nbytes + p.scale_zeros.nbytes for p in w.planes)
     return w.nbytes
 
 
 def _copy(w):
     if isinstance(w, QuantizedWeight):
-        return dataclasses.replace(w, planes=tuple(
-            Int8Plane(p.codes.clone(), p.scales.clone()) if isinstance(p, Int8Plane)
-            else Int4Plane(p.packed.clone(), p.scale_zeros.clone()) for p in w.planes))
+        return dataclasses.replace(w, planes=tuple(Int4Plane(p.packed.clone(), p.scale_zeros.clone())
+                                                   for p in w.planes))
     return w.clone()
 
 
@@ -427,13 +427,13 @@ class _KindRun:
         layer_counts.pop(HEAD, None)
         for key in layer_counts:
             check()
-            n, k, form = key
-            w, t = _weight(kind, n, k, form, gen)
+            n, k, planes = key
+            w, t = _weight(kind, n, k, planes, gen)
             self.products[key] = _Product([w], t, *inputs(k))
         self.head = None  # a 4-bit load whose head stays a float borrows a float kind's time
         if HEAD in counts.own:
             head_n, head_k = shapes.head
-            w, t = _weight(kind, min(head_n, _HEAD_ROWS_TIMED), head_k, shapes.head_form, gen)
+            w, t = _weight(kind, min(head_n, _HEAD_ROWS_TIMED), head_k, shapes.head_planes, gen)
             self.head = _Product([w], t, *inputs(head_k))
         set_bytes = sum(_nbytes(p.weights[0]) for p in self.products.values()) or 1
         most = max([math.ceil(c) for c in layer_counts.values()] or [1])
@@ -1005,9 +1005,8 @@ def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
 
 # ---- a model file's shapes -----------------------------------------------------------------
 
-_SHAPES_VERSION = 6  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
-#                     4: screened heads are one plane; 5: Q2_K/Q3_K/Q6_K are two planes;
-#                     6: a form per weight, not planes: one 4-bit plane or 8-bit rows)
+_SHAPES_VERSION = 5  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
+#                     4: screened heads are one plane; 5: Q2_K/Q3_K/Q6_K are two planes)
 
 
 def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
@@ -1029,7 +1028,7 @@ def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
             return ModelShapes(known["name"], {_dims(k, 2): int(v) for k, v in known["layers"].items()},
                                _dims("x".join(map(str, known["head"])), 2),
                                {_dims(k, 3): int(v) for k, v in known["int4_layers"].items()},
-                               int(known["head_form"]), _dims(known["kv"], 4))
+                               int(known["head_planes"]), _dims(known["kv"], 4))
         except (KeyError, TypeError, ValueError, AttributeError):
             pass
     shapes = gguf_shapes(path)
@@ -1039,7 +1038,7 @@ def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
         files[key] = {"version": _SHAPES_VERSION, "name": shapes.name,
                       "layers": {f"{n}x{k}": c for (n, k), c in shapes.layers.items()},
                       "int4_layers": {f"{n}x{k}x{p}": c for (n, k, p), c in shapes.int4_layers.items()},
-                      "head": list(shapes.head), "head_form": shapes.head_form,
+                      "head": list(shapes.head), "head_planes": shapes.head_planes,
                       "kv": "x".join(map(str, shapes.kv))}
         try:
             write_cache(cache, files=files)
@@ -1055,11 +1054,11 @@ def _dims(text: str, count: int) -> tuple[int, ...]:
     return dims
 
 
-def _head_form(ggml_type, rows: int) -> int:
-    """`kernel_form` for the output projection of `rows` tokens: a screened one is one 4-bit
-    plane (`quantized.screens`; its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are
+def _head_planes(ggml_type, rows: int) -> int:
+    """The same for the output projection of `rows` tokens: a screened one is one plane
+    (`quantized.screens`; its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are
     not timed: the same for every 4-bit kind, and small beside what the screen saves)."""
-    return FORM_INT4 if screens(ggml_type, rows) else kernel_form(ggml_type)
+    return 1 if screens(ggml_type, rows) else kernel_planes(ggml_type)
 
 
 # Weights `finish_loading` joins into one product (`DecoderLayer.fuse_products`).
@@ -1067,15 +1066,15 @@ _JOINED = (("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("ffn_gate.weigh
 
 
 def _layer_products(tensors: dict[str, tuple[int, int, int]]) -> tuple[list, list]:
-    """One layer's products: [(out, in)] as a float load runs them, [(out, in, form)] as a
-    quantized load does (joined only where `layers.fuse` joins: the same form, and parts of
-    64-row multiples when quantized; Q, K alone when V differs)."""
+    """One layer's products: [(out, in)] as a float load runs them, [(out, in, planes)] as a
+    4-bit load does (joined only where `layers.fuse` joins: the same planes, and parts of
+    64-row multiples when 4-bit; Q, K alone when V differs)."""
     rest = dict(tensors)
     floats, int4 = [], []
 
     def joins(parts) -> bool:
-        forms = {f for _, _, f in parts}
-        return len(forms) == 1 and (0 in forms or all(n % 64 == 0 for n, _, _ in parts))
+        planes = {p for _, _, p in parts}
+        return len(planes) == 1 and (0 in planes or all(n % 64 == 0 for n, _, _ in parts))
 
     for group in _JOINED:
         if not all(name in rest for name in group):
@@ -1112,10 +1111,10 @@ def gguf_shapes(path: Path) -> ModelShapes | None:
             n, k = (int(d) for d in info.shape)
             if tensor == "output.weight" or (tensor == "token_embd.weight"
                                              and "output.weight" not in gguf.tensors):
-                head = (n, k, _head_form(info.ggml_type, n))  # an untied embedding is only gathered from
+                head = (n, k, _head_planes(info.ggml_type, n))  # an untied embedding is only gathered from
             elif tensor.startswith("blk."):
                 _, index, rest = tensor.split(".", 2)
-                per_layer.setdefault(int(index), {})[rest] = (n, k, kernel_form(info.ggml_type))
+                per_layer.setdefault(int(index), {})[rest] = (n, k, kernel_planes(info.ggml_type))
     if head is None or not per_layer:
         return None
     layers: dict[tuple[int, int], int] = {}

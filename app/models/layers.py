@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (EXACT_TOP, FORM_FLOAT, Int4Plane, Int8Plane, QuantizedWeight,
-                                  RawTensor, int4_kernel_available, kernel_form, pack_raw,
-                                  quantized_linear,
+from app.models.quantized import (EXACT_TOP, Int4Plane, QuantizedWeight, RawTensor,
+                                  int4_kernel_available, int4_linear, kernel_planes, pack_raw,
                                   screen_raw, screens)
 
 
@@ -238,7 +237,7 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False)
     """
     if isinstance(w, QuantizedWeight):
         if w.wide is None or x.numel() // x.shape[-1] <= w.narrow_rows_max:
-            return quantized_linear(x, w, promotes)
+            return int4_linear(x, w, promotes)
         w, transposed = w.wide, False  # many rows: its float copy [out, in], as any float weight
     if isinstance(w, DualWeight):  # both copies are [out, in], whatever the format's layout
         w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
@@ -268,7 +267,7 @@ def linear_from(x: torch.Tensor, w: Weight, transposed: bool, act_dtype: torch.d
 def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weight]] | None:
     """Weights [out_i, in] with the same input, as one weight whose product is theirs side
     by side ([..., sum out_i]), and each part again as a view of it (so nothing is held
-    twice); None when their kinds differ (e.g. a GGUF file's 8-bit Q6_K V next to 4-bit Q4_K Q and K).
+    twice); None when their kinds differ (e.g. a GGUF file's two-plane Q6_K V next to Q4_K Q and K).
 
     One product instead of two or three per layer is fewer dispatches and one pass over the
     activations. Parts that already lie side by side in one storage (a weight cache saved
@@ -290,7 +289,6 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
         return DualWeight(narrow, wide), [DualWeight(n, w) for n, w in zip(narrow_parts, wide_parts)]
     if isinstance(first, QuantizedWeight):
         same = all(isinstance(w, QuantizedWeight) and len(w.planes) == len(first.planes)
-                   and all(type(p) is type(q) for p, q in zip(w.planes, first.planes))
                    and w.act_dtype == first.act_dtype and w.in_features == first.in_features
                    and w.narrow_rows_max == first.narrow_rows_max and w.rows is None
                    and (w.wide is None) == (first.wide is None) and w.out_features % 64 == 0
@@ -299,9 +297,13 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
             return None
         planes, plane_parts = [], []
         for i in range(len(first.planes)):
-            joined, part_planes = _join_planes([w.planes[i] for w in weights])
-            planes.append(joined)
-            plane_parts.append(part_planes)
+            packed, packed_parts = _join([w.planes[i].packed for w in weights], 0)
+            # [K/32, N, 2]: the kernel reads a part's scales densely, so each part keeps its
+            # own (they are an eighth of the codes' bytes) and the joined ones are a copy.
+            sz = torch.cat([w.planes[i].scale_zeros for w in weights], 1)
+            planes.append(Int4Plane(packed, sz))
+            plane_parts.append([Int4Plane(p, w.planes[i].scale_zeros)
+                                for p, w in zip(packed_parts, weights)])
         wide, wide_parts = (None, [None] * len(weights)) if first.wide is None else \
             _join([w.wide for w in weights], 0)
         out = sum(w.out_features for w in weights)
@@ -313,19 +315,6 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
                  for j, w in enumerate(weights)]
         return fused, parts
     return None
-
-
-def _join_planes(planes: list) -> tuple:
-    """Planes of one kind, joined row-wise, and each part again (its codes a view)."""
-    if isinstance(planes[0], Int8Plane):
-        codes, code_parts = _join([p.codes for p in planes], 0)
-        scales, scale_parts = _join([p.scales for p in planes], 0)
-        return Int8Plane(codes, scales), [Int8Plane(c, sc) for c, sc in zip(code_parts, scale_parts)]
-    packed, packed_parts = _join([p.packed for p in planes], 0)
-    # [K/32, N, 2]: the kernel reads a part's scales densely, so each part keeps its own
-    # (they are an eighth of the codes' bytes) and the joined ones are a copy.
-    sz = torch.cat([p.scale_zeros for p in planes], 1)
-    return Int4Plane(packed, sz), [Int4Plane(pk, p.scale_zeros) for pk, p in zip(packed_parts, planes)]
 
 
 def _join(parts: list[torch.Tensor], dim: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -382,7 +371,7 @@ class WeightFormat:
         blocks (a `RawTensor`) rather than dequantized to float32; `output_rows`: it is the
         output projection of that many tokens, which may be screened (`screens`)."""
         return self.int4 and int4_kernel_available() and (
-            kernel_form(ggml_type) != FORM_FLOAT or screens(ggml_type, output_rows))
+            kernel_planes(ggml_type) > 0 or screens(ggml_type, output_rows))
 
     def prepare(self, w: torch.Tensor | RawTensor, keep_rows: bool = False,
                 output: bool = False) -> Weight:

@@ -20,24 +20,17 @@ Plane one: codes lo, scale s, zero b + 8s. Plane two (when h exists): codes h + 
 zero 0. The sum of the two products is exactly the dequantized weight, up to the rounding of
 scale and zero to the kernel's dtype.
 
-Only the one-plane types (Q4_0, Q4_1, Q4_K) run on this kernel, though (`kernel_form`). A
-second plane is a whole 4-bit plane spent on one bit (Q5) or four (Q8): a two-plane weight
-reads 10 bits a value and runs two products. Every other block type the torch kernels
-dequantize (Q5_0, Q5_1, Q5_K, Q8_0, and Q2_K, Q3_K, Q6_K, whose groups of 16 the kernel's
-groups of 32 cannot follow) is held as 8-bit rows instead (`int8_rows`): the dequantized
-weight rounded to int8 codes with one scale per output row, multiplied by
-`aten._weight_int8pack_mm`. One product of 8 bits a value: measured on a 2-core AMX Xeon,
-a 4096 x 640 product took 68 us against 65 us for one 4-bit plane (two: ~130 us), and with
-torch's AVX2 kernels 85 us against 113 us for one plane; Gemma 3 270M's decode step (Q5_0
-Q, K, V, gate and up, Q6_K down projections) went ~7% faster. It is an approximation: each
-value lands within half a step of 1/127 of its row's largest magnitude, below Q5's own step
-(1/16 of a group's) unless a group's values are 8x smaller than the row's largest. Measured
-on Gemma 3 270M (CPython's LICENSE, 1,024 tokens, 8 a pass), the model's mean NLL over
-float32 went from +0.092% (exact two planes) to +0.131%. Float tensors stay float copies.
+Q2_K, Q3_K and Q6_K scale groups of 16, which the kernel's groups of 32 cannot follow. Their
+weights are held as two planes too, approximately (`residual_planes`): plane one is a 4-bit
+min/max quantization of the dequantized weight, plane two one of what plane one misses. Each
+value is then within 1/450 of its group's range (about 8 bits; Q6_K's own step is 1/63 of a
+16-group's range), so the approximation adds about a tenth to the noise Q6_K already has,
+and a decode step reads two 4-bit planes instead of a float copy: Gemma 3 270M's nine Q6_K
+down projections took 2.9 ms of a ~30 ms step as float32. Float tensors stay float copies.
 
 The output projection is the exception (`screen_raw`): a step reads the whole of it for a
 handful of logits that matter, so when its blocks are not one 4-bit plane already (a tied
-Q8_0 embedding: 8-bit rows, ~168 MB a token for Gemma 3's 262,144 rows) and its vocabulary
+Q8_0 embedding: two planes, ~210 MB a token for Gemma 3's 262,144 rows) and its vocabulary
 is large (`SCREEN_MIN_ROWS`), it is held as a re-quantized one-plane screen plus its raw
 blocks. The screen ranks every token; about the `exact_top` best of each row are recomputed
 from the blocks in float32 (`_rescored`), so every greedy token is the exact head's. Only
@@ -48,9 +41,8 @@ alone cost 1.9% on 1,024 tokens); those runs scored 256 tokens a pass, so the la
 their float copy and the figures are the head's. Through the 4-bit layers too (8 a pass),
 `auto` measured +0.061%.
 
-The 4-bit codes come straight from the block bits; only s and b are computed, with the same
-float32 operations `app.models.dequant` uses. (`int4_form` and `pack_int4` still write any
-32-group type exactly as one or two planes; the tests check that algebra.)
+The integer codes come straight from the block bits; only s and b are computed, with the same
+float32 operations `app.models.dequant` uses.
 """
 
 from __future__ import annotations
@@ -70,34 +62,27 @@ INT4_GROUP = 32
 _INNER_K_TILES = 2
 INT4_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0})
 ONE_PLANE_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
-# Held as 8-bit rows (`int8_rows`): every block type `dequantize` reads with its torch
-# kernels except the one-plane ones and plain floats.
-INT8_TYPES = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0, T.Q2_K, T.Q3_K, T.Q6_K})
-# What `kernel_form` says a weight stored as a block type becomes.
-FORM_FLOAT, FORM_INT4, FORM_INT8 = 0, 1, 2
-# Output projections stored in these are screened (see the module docstring) when their
-# vocabulary is large: an int8 product over Gemma 3's 262,144 x 640 took 13.0 ms against
-# 4.7 ms for the one-plane screen (plus ~0.7 ms of rescoring a row).
-SCREENED_TYPES = INT8_TYPES
+# Blocks with groups of 16, held as two planes that approximate them (`residual_planes`).
+RESIDUAL_TYPES = frozenset({T.Q2_K, T.Q3_K, T.Q6_K})
+# Output projections stored in these are screened (see the module docstring): every block type
+# `dequantize` reads with its torch kernels except the one-plane ones and plain floats.
+SCREENED_TYPES = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0, T.Q2_K, T.Q3_K, T.Q6_K})
 # About how many logits per row are recomputed exactly behind a screen.
 EXACT_TOP = 1024
-# The screen reads ~60% of an int8 head's bytes every step, while rescoring costs each row
+# The screen saves half a two-plane head's bytes every step, while rescoring costs each row
 # of logits the same ~1,024 rows of weights: it pays for large vocabularies only. Measured on
-# a 2-core AMX Xeon, the head's time for 1 / 4 rows of logits (against two 4-bit planes, as
-# such heads were held before `int8_rows`): Gemma 3's 262,144 x 640 13.3 -> 8.0 / 24.0 ->
-# 17.8 ms; SmolLM2's 49,152 x 576 1.71 -> 1.69 / 3.1 -> 5.2 ms (as int8 rows: ~1.0 ms).
+# a 2-core AMX Xeon, the head's time for 1 / 4 rows of logits: Gemma 3's 262,144 x 640
+# 13.3 -> 8.0 / 24.0 -> 17.8 ms; SmolLM2's 49,152 x 576 1.71 -> 1.69 / 3.1 -> 5.2 ms.
 SCREEN_MIN_ROWS = 65536
-assert SCREENED_TYPES | INT8_TYPES <= native_types(), "dequantized by the torch kernels"
+assert SCREENED_TYPES | RESIDUAL_TYPES <= native_types(), "dequantized by the torch kernels"
 # Rows of logits rescored at a time: bounds the gathered weights when a caller asks for many
 # rows (the quality script's 256); a batch of streams is one.
 _RESCORE_ROWS = 16
 
 
 def int4_kernel_available() -> bool:
-    """Whether this torch has the weight-only kernels quantized weights run on (4-bit and
-    8-bit)."""
-    return all(hasattr(torch.ops.aten, op) for op in (
-        "_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu", "_weight_int8pack_mm"))
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
 # ---- raw GGUF tensors ----------------------------------------------------------------------
@@ -205,20 +190,8 @@ class Int4Plane:
 
 
 @dataclass(frozen=True)
-class Int8Plane:
-    """A weight as 8-bit rows (`int8_rows`): w[n, k] = codes[n, k] * scales[n]."""
-
-    codes: torch.Tensor  # int8 [N, K]
-    scales: torch.Tensor  # [N] in the activation dtype
-
-
-Plane = Int4Plane | Int8Plane
-
-
-@dataclass(frozen=True)
 class QuantizedWeight:
-    """One [out, in] linear weight as 4-bit planes (their products summed; one for the
-    block types the engine loads) or as one `Int8Plane`.
+    """One [out, in] linear weight as one or two 4-bit planes (their products summed).
 
     Products run with activations in `act_dtype` (the kernel's fast dtype on the machine;
     the result comes back in the caller's dtype). With `wide`, products of more than
@@ -228,7 +201,7 @@ class QuantizedWeight:
     a screen of the weight in `rows` (an output projection, see the module docstring): a
     product's `exact_top` largest outputs per row are recomputed from `rows` in float32."""
 
-    planes: tuple[Plane, ...]
+    planes: tuple[Int4Plane, ...]
     out_features: int
     in_features: int
     act_dtype: torch.dtype
@@ -239,8 +212,7 @@ class QuantizedWeight:
 
     @property
     def device(self) -> torch.device:
-        first = self.planes[0]
-        return (first.codes if isinstance(first, Int8Plane) else first.packed).device
+        return self.planes[0].packed.device
 
     @property
     def shape(self) -> torch.Size:
@@ -285,55 +257,57 @@ def pack_int4(form: Int4Form, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
 PACK_ROWS = 8192
 
 
-def kernel_form(ggml_type) -> int:
-    """What a weight stored as `ggml_type` becomes (`pack_raw`): FORM_INT4 (one 4-bit
-    plane), FORM_INT8 (`int8_rows`) or FORM_FLOAT (it stays a float copy)."""
+def kernel_planes(ggml_type) -> int:
+    """4-bit planes a weight stored as `ggml_type` keeps (`pack_raw`); 0: it stays a float."""
     if ggml_type in ONE_PLANE_TYPES:
-        return FORM_INT4
-    return FORM_INT8 if ggml_type in INT8_TYPES else FORM_FLOAT
+        return 1
+    return 2 if ggml_type in INT4_TYPES or ggml_type in RESIDUAL_TYPES else 0
 
 
-def pack_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Plane] | None:
-    """`raw`'s blocks as the one plane `kernel_form` says (`pack_int4(int4_form(raw))` or
-    `int8_rows` of the dequantized rows), PACK_ROWS rows at a time; None for a float."""
-    form = kernel_form(raw.ggml_type)
-    if form == FORM_FLOAT:
+def pack_raw(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...] | None:
+    """The planes of `raw`'s blocks (`pack_int4(int4_form(raw))`, or `residual_planes`),
+    PACK_ROWS rows at a time; None for types that do not fit (`kernel_planes` 0)."""
+    if not kernel_planes(raw.ggml_type):
         return None
     rows = raw.shape[0]
-    chunks = [_pack_rows(raw.rows(start, min(rows, start + PACK_ROWS)), form, act_dtype)
+    chunks = [_pack_rows(raw.rows(start, min(rows, start + PACK_ROWS)), act_dtype)
               for start in range(0, rows, PACK_ROWS)]
     if len(chunks) == 1:
-        return (chunks[0],)
-    if form == FORM_INT8:
-        return (Int8Plane(torch.cat([c.codes for c in chunks]), torch.cat([c.scales for c in chunks])),)
-    return (Int4Plane(torch.cat([c.packed for c in chunks]),
-                      torch.cat([c.scale_zeros for c in chunks], dim=1)),)
+        return chunks[0]
+    return tuple(Int4Plane(torch.cat([c[i].packed for c in chunks]),
+                           torch.cat([c[i].scale_zeros for c in chunks], dim=1))
+                 for i in range(len(chunks[0])))
 
 
-def _pack_rows(raw: RawTensor, form: int, act_dtype: torch.dtype) -> Plane:
-    if form == FORM_INT4:
-        (plane,) = pack_int4(int4_form(raw), act_dtype)
-        return plane
+def _pack_rows(raw: RawTensor, act_dtype: torch.dtype) -> tuple[Int4Plane, ...]:
+    if raw.ggml_type in INT4_TYPES:
+        return pack_int4(int4_form(raw), act_dtype)
     w = raw.dequantize()
     if not torch.isfinite(w).all():
         raise ModelError("A quantized weight has NaN or infinite values; the file is damaged.")
-    return int8_rows(w, act_dtype)
+    return residual_planes(w, act_dtype)
 
 
-def int8_rows(w: torch.Tensor, act_dtype: torch.dtype) -> Int8Plane:
-    """float32 w [N, K] as int8 codes with one scale per row, the largest magnitude of a row
-    mapping to 127. The codes are rounded against the scale as the kernel applies it
-    (rounded to `act_dtype`), so every value lands within half a step of it; an all-zero
-    row gets the dtype's smallest normal scale and zero codes."""
-    scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(act_dtype).tiny).to(act_dtype)
-    codes = (w / scale.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-    return Int8Plane(codes, scale)
+def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> tuple[Int4Plane, Int4Plane]:
+    """Two planes whose products sum to about float32 w [N, K]: plane one quantizes w to 4
+    bits (min/max per group of 32), plane two the residual w - plane one, where plane one is
+    taken as the kernel applies it (its scale and zero rounded to `act_dtype`). Each value
+    lands within half a step of plane two, 1/450 of its group's range."""
+    first = quantize_int4(w)
+    scale, zero = first.s, first.b + 8 * first.s
+    kept_scale = scale.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
+    kept_zero = zero.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
+    residual = w - ((first.lo.to(torch.float32) - 8) * kept_scale + kept_zero)
+    second = quantize_int4(residual)
+    return (_plane(first.lo, scale, zero, act_dtype),
+            _plane(second.lo, second.s, second.b + 8 * second.s, act_dtype))
 
 
 def quantize_int4(w: torch.Tensor) -> Int4Form:
     """A 4-bit form for a float weight (as Q4_1: min/max per group of 32): for an output
-    projection's screen, whose top logits are recomputed exactly, and for timing candidate
-    kernels on a model's shapes; never a weight's only form."""
+    projection's screen, whose top logits are recomputed exactly, for the planes of
+    `residual_planes`, and for timing candidate kernels on a model's shapes; never a
+    weight's only form."""
     N, K = w.shape
     g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
     lo_v, hi_v = g.amin(-1), g.amax(-1)
@@ -402,7 +376,7 @@ def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> to
     return out
 
 
-def quantized_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False) -> torch.Tensor:
+def int4_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False) -> torch.Tensor:
     """x [..., in] -> [..., out] in x's dtype, on the packed planes (`layers.linear` sends
     products of more than `narrow_rows_max` rows to the float copy instead). With
     `promotes` (see `layers.linear`) the result stays in the dtype the product comes out
@@ -412,20 +386,14 @@ def quantized_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False
     # (dtype checks here rather than no-op .to() calls: each is a dispatch, 4 a layer a step)
     a = flat if flat.dtype == w.act_dtype else flat.to(w.act_dtype)
     first, *rest = w.planes
-    out = _product(a, first)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, first.packed, INT4_GROUP, first.scale_zeros)
     if rest:  # the planes' sum in float32, so the low plane is not lost to the high one's rounding
         out = out.float()
         for plane in rest:
-            out += _product(a, plane).float()
+            out += torch.ops.aten._weight_int4pack_mm_for_cpu(a, plane.packed, INT4_GROUP,
+                                                             plane.scale_zeros).float()
     if w.exact_top:
         out = _rescored(flat, out, w)
     if not promotes and out.dtype != x.dtype:
         out = out.to(x.dtype)
     return out if x.dim() == 2 else out.view(*lead, w.out_features)
-
-
-def _product(a: torch.Tensor, plane: Plane) -> torch.Tensor:
-    """a [rows, in] in the plane's activation dtype times one plane -> [rows, out], same dtype."""
-    if isinstance(plane, Int8Plane):
-        return torch.ops.aten._weight_int8pack_mm(a, plane.codes, plane.scales)
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(a, plane.packed, INT4_GROUP, plane.scale_zeros)

@@ -16,7 +16,7 @@ from app.models.quantized import int4_kernel_available
 _TORCH_VERSION = torch.__version__
 # Small shapes so a real measurement takes a fraction of a second: two layers, as a float load
 # runs them (Q, K, V joined; O; gate and up joined; down) and as a 4-bit load does (Q and K
-# joined as 8-bit rows, V staying a float, one down 4-bit and one float; the head 8-bit).
+# joined with two planes, V staying a float, one down 4-bit and one float).
 TINY = kp.ModelShapes("tiny", {(192, 64): 2, (64, 64): 2, (256, 64): 2, (64, 128): 2}, (512, 64),
                       {(128, 64, 2): 2, (64, 64, 0): 2, (64, 64, 1): 2, (256, 64, 1): 2,
                        (64, 128, 1): 1, (64, 128, 0): 1}, 2)
@@ -427,14 +427,11 @@ def test_another_cpu_torch_or_model_does_not_reuse_the_entry(tmp_path, monkeypat
 
 
 def test_the_embedded_models_products(embedded_model_path):
-    """Gemma 3 270M Q4_K_M: Q, K, gate, up Q5_0 (8-bit rows), V Q5_0 or Q8_0 (8-bit), O Q4_K
-    (one 4-bit plane), down Q4_K in half the layers and Q6_K (8-bit) in the others; the tied
-    head Q8_0, screened with one 4-bit plane."""
-    from app.models.quantized import FORM_INT4, FORM_INT8
-
-    assert (FORM_INT4, FORM_INT8) == (1, 2)  # as the products below spell them
+    """Gemma 3 270M Q4_K_M: Q, K, gate, up Q5_0 (two planes), V Q5_0 or Q8_0 (two), O Q4_K
+    (one), down Q4_K in half the layers and Q6_K (two, approximated) in the others; the tied head Q8_0,
+    screened with one plane."""
     shapes = kp.gguf_shapes(embedded_model_path)
-    assert shapes.head == (262144, 640) and shapes.head_form == FORM_INT4
+    assert shapes.head == (262144, 640) and shapes.head_planes == 1
     assert shapes.layers == {(1536, 640): 18, (640, 1024): 18, (4096, 640): 18, (640, 2048): 18}
     assert shapes.int4_layers == {(1536, 640, 2): 18, (640, 1024, 1): 18, (4096, 640, 2): 18,
                                   (640, 2048, 1): 9, (640, 2048, 2): 9}
@@ -443,28 +440,25 @@ def test_the_embedded_models_products(embedded_model_path):
 
 
 def _engine_products(model) -> dict[tuple[int, int, int], int]:
-    """(out, in, form) -> count of the products a loaded model's decode step runs."""
-    from app.models.quantized import FORM_FLOAT, FORM_INT4, FORM_INT8, Int8Plane, QuantizedWeight
+    """(out, in, planes) -> count of the products a loaded model's decode step runs."""
+    from app.models.quantized import QuantizedWeight
 
     found: dict[tuple[int, int, int], int] = {}
     for layer in model.layers:
         (q, k, v, _), (gate, up) = layer._qkv_of, layer._gate_up_of
         qkv = [layer.qkv] + ([layer.v] if v is None else [])
         for w in [*qkv, layer.o, layer.gate_up, layer.down]:
-            form = FORM_FLOAT
-            if isinstance(w, QuantizedWeight):
-                assert len(w.planes) == 1
-                form = FORM_INT8 if isinstance(w.planes[0], Int8Plane) else FORM_INT4
-            out, inp = (w.out_features, w.in_features) if form else (
+            planes = len(w.planes) if isinstance(w, QuantizedWeight) else 0
+            out, inp = (w.out_features, w.in_features) if planes else (
                 (w.shape[1], w.shape[0]) if model.fmt.transposed else tuple(w.shape))
-            found[(out, inp, form)] = found.get((out, inp, form), 0) + 1
+            found[(out, inp, planes)] = found.get((out, inp, planes), 0) + 1
     return found
 
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
 def test_the_measured_products_are_the_ones_a_4bit_load_runs(embedded_model_path):
     """What the measurement times for a 4-bit kind is what the loaded engine multiplies by:
-    the same joined products in the same forms, the same float leftovers, the same head."""
+    the same joined products with the same planes, the same float leftovers, the same head."""
     from app.engine.device import LoadPlan, load_planned
     from app.models.layers import WeightFormat
     from app.models.quantized import QuantizedWeight
@@ -477,7 +471,7 @@ def test_the_measured_products_are_the_ones_a_4bit_load_runs(embedded_model_path
         model = loaded.model
         assert _engine_products(model) == shapes.int4_layers
         head = model.embedding
-        assert isinstance(head, QuantizedWeight) and len(head.planes) == shapes.head_form == 1
+        assert isinstance(head, QuantizedWeight) and len(head.planes) == shapes.head_planes == 1
         assert head.exact_top and head.rows is not None
     finally:
         loaded.unload()

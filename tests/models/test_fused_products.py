@@ -59,25 +59,6 @@ def test_joined_4bit_planes_multiply_like_the_parts():
         assert torch.equal(linear(x, part, False), linear(x, w, False))
 
 
-@pytest.mark.skipif(not int4_kernel_available(), reason="no quantized kernels in this torch")
-def test_joined_8bit_rows_multiply_like_the_parts_and_stay_apart_from_4bit_planes():
-    from app.models.quantized import Int8Plane, int8_rows
-
-    ws = [QuantizedWeight((int8_rows(w, torch.bfloat16),), w.shape[0], IN, torch.bfloat16)
-          for w in _floats(2)]
-    joined, parts = fuse(ws, False)
-    assert isinstance(joined.planes[0], Int8Plane)
-    x = torch.randn(1, IN)
-    expected = torch.cat([linear(x, w, False) for w in ws], dim=-1)
-    assert torch.equal(linear(x, joined, False), expected)
-    for part, w in zip(parts, ws):
-        assert torch.equal(linear(x, part, False), linear(x, w, False))
-        assert _same_memory(part.planes[0].codes, joined.planes[0].codes)
-    four = QuantizedWeight(pack_int4(quantize_int4(_floats(1)[0]), torch.bfloat16), ROWS[0], IN,
-                           torch.bfloat16)
-    assert fuse([ws[0], four], False) is None
-
-
 def test_weights_of_different_kinds_stay_apart():
     a, b, c = _floats(3)
     assert fuse([a, b.half(), c], False) is None

@@ -272,6 +272,18 @@ def test_an_erratic_measurement_is_taken_once_more_and_a_steady_one_kept(tmp_pat
     assert kp.measure_and_choose(TINY, tmp_path).decode == "int4_bf16" and len(calls) == 1
 
 
+def test_the_noise_of_kinds_far_behind_does_not_make_a_measurement_erratic(tmp_path):
+    decode = {"float32": 37.0, "bfloat16": 40.0, "float16": 40.0, "int4_bf16": 14.5, "int4_f32": 170.0}
+    prefill = {"float32": 300.0, "bfloat16": 100.0, "float16": 320.0, "int4_bf16": 400.0}
+    m = kp.Measurement(decode, prefill, {**{k: 0.9 for k in decode}, "int4_bf16": 0.05},
+                       {**{k: 0.9 for k in prefill}, "bfloat16": 0.04})
+    policy = kp.choose(m, TINY)
+    assert policy.decode == "int4_bf16" and policy.prefill == "bfloat16" and policy.noise == 0.05
+    # A rival within ERRATIC of the fastest counts, whichever it is.
+    near = dataclasses.replace(m, decode_ms={**decode, "float32": 16.0})
+    assert kp.choose(near, TINY).noise == 0.9
+
+
 def test_a_measurement_whose_threads_stalled_is_never_cached(tmp_path, monkeypatch):
     """Figures from a machine whose cores were taken (the stall probe was slow in more than
     STALLED_MAX of the timings) are the scheduler's, however steady: the default is kept."""

@@ -877,22 +877,23 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
     nothing is cached. None when `busy()` interrupted it."""
     started = time.monotonic()
     over = lambda: time.monotonic() - started > BUDGET_S  # noqa: E731
-    why = None
-    for tries in range(1, MEASURE_TRIES + 1):
+    why, measured = None, 0
+    for _ in range(MEASURE_TRIES):
         m = measure(shapes, busy=lambda: (busy is not None and busy()) or over())
         if m is None:
             if busy is not None and busy():
                 return None
-            if why is None:
-                return default_policy(f"kept: the measurement ran past {BUDGET_S:.0f} s on a busy "
-                                      "machine (nothing cached; measured again next load)")
-            break  # a retry ran out of time: the last usable reason stands
+            break  # past the budget: the last finished measurement's reason, if any, stands
+        measured += 1
         policy = choose(m, shapes)
         why = _unusable_why(m, policy)
         if why is None:
             _store(shapes, cache_dir, policy)
             return policy
-    times = "" if tries == 1 else f" after {tries} measurements"
+    if why is None:
+        return default_policy(f"kept: the measurement ran past {BUDGET_S:.0f} s on a busy "
+                              "machine (nothing cached; measured again next load)")
+    times = "" if measured == 1 else f" after {measured} measurements"
     return default_policy(f"kept: {why}; nothing cached{times}, measured again next load")
 
 

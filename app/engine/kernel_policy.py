@@ -89,7 +89,7 @@ import torch
 
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (Int4Form, Int4Plane, QuantizedWeight, int4_kernel_available,
+from app.models.quantized import (Int4Codes, Int4Form, QuantizedWeight, int4_kernel_available,
                                   kernel_planes, pack_int4, quantize_int4, screens)
 
 CACHE_FILE = "kernel_policy.json"
@@ -389,14 +389,14 @@ def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
 
 def _nbytes(w) -> int:
     if isinstance(w, QuantizedWeight):
-        return sum(p.packed.nbytes + p.scale_zeros.nbytes for p in w.planes)
+        return w.codes.packed.nbytes + w.codes.scale_zeros.nbytes
     return w.nbytes
 
 
 def _copy(w):
     if isinstance(w, QuantizedWeight):
-        return dataclasses.replace(w, planes=tuple(Int4Plane(p.packed.clone(), p.scale_zeros.clone())
-                                                   for p in w.planes))
+        return dataclasses.replace(w, codes=Int4Codes(w.codes.packed.clone(),
+                                                      w.codes.scale_zeros.clone(), w.codes.planes))
     return w.clone()
 
 

@@ -84,13 +84,15 @@ def _bf16(blocks: torch.Tensor) -> torch.Tensor:
 
 
 # ---- 32-element blocks ---------------------------------------------------------------------
+# The codes' float32 copy is scaled in place: one buffer, one pass fewer (the same values: a
+# screened head dequantizes ~1,024 rows a token, 175 -> ~100 us on Gemma 3's).
 
 
 def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
     # 18 bytes: d f16 | qs[16]; x[j] = qs[j] & 0xF, x[j+16] = qs[j] >> 4; y = d * (x - 8)
     d = _f16(blocks[:, 0:2])
     q = _nibbles(blocks[:, 2:18]).reshape(-1, 32).to(torch.int8) - 8
-    return d * q.to(torch.float32)
+    return q.to(torch.float32).mul_(d)
 
 
 def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
@@ -98,7 +100,7 @@ def _q4_1(blocks: torch.Tensor) -> torch.Tensor:
     d = _f16(blocks[:, 0:2])
     m = _f16(blocks[:, 2:4])
     q = _nibbles(blocks[:, 4:20]).reshape(-1, 32)
-    return d * q.to(torch.float32) + m
+    return q.to(torch.float32).mul_(d).add_(m)
 
 
 def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
@@ -107,7 +109,7 @@ def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
     qh = _bits_little(blocks[:, 2:6])
     ql = _nibbles(blocks[:, 6:22]).reshape(-1, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 16
-    return d * q.to(torch.float32)
+    return q.to(torch.float32).mul_(d)
 
 
 def _q5_1(blocks: torch.Tensor) -> torch.Tensor:
@@ -117,14 +119,13 @@ def _q5_1(blocks: torch.Tensor) -> torch.Tensor:
     qh = _bits_little(blocks[:, 4:8])
     ql = _nibbles(blocks[:, 8:24]).reshape(-1, 32)
     q = ql | (qh << 4)
-    return d * q.to(torch.float32) + m
+    return q.to(torch.float32).mul_(d).add_(m)
 
 
 def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
     # 34 bytes: d f16 | qs int8[32]; y = qs * d
     d = _f16(blocks[:, 0:2])
-    q = blocks[:, 2:34].view(torch.int8).to(torch.float32)
-    return q * d
+    return blocks[:, 2:34].view(torch.int8).to(torch.float32).mul_(d)
 
 
 # ---- 256-element super-blocks (k-quants) ---------------------------------------------------
@@ -141,7 +142,7 @@ def _q2_k(blocks: torch.Tensor) -> torch.Tensor:
     dl = (d * (scales & 0x0F).to(torch.float32)).reshape(n, 16, 1)
     ml = (dmin * (scales >> 4).to(torch.float32)).reshape(n, 16, 1)
     q = _crumbs(blocks[:, 16:80].reshape(n * 2, 32)).reshape(n, 16, 16)
-    return (dl * q.to(torch.float32) - ml).reshape(n, QK_K)
+    return q.to(torch.float32).mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -159,7 +160,7 @@ def _q3_k(blocks: torch.Tensor) -> torch.Tensor:
     ql = _crumbs(blocks[:, 32:96].reshape(n * 2, 32)).reshape(n, 16, 16).to(torch.int8)
     qh = _bits(blocks[:, 0:32]).reshape(n, 16, 16).to(torch.int8)
     q = ql - ((qh ^ 1) << 2)
-    return (dl * q.to(torch.float32)).reshape(n, QK_K)
+    return q.to(torch.float32).mul_(dl).reshape(n, QK_K)
 
 
 def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,7 +192,7 @@ def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     dl, ml = _k_scales(blocks)
     q = _nibbles(blocks[:, 16:144].reshape(n * 4, 32)).reshape(n, 8, 32)
-    return (dl * q.to(torch.float32) - ml).reshape(n, QK_K)
+    return q.to(torch.float32).mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -202,7 +203,7 @@ def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     ql = _nibbles(blocks[:, 48:176].reshape(n * 4, 32)).reshape(n, 8, 32)
     qh = _bits(blocks[:, 16:48])  # (n, 8, 32)
     q = ql | (qh << 4)
-    return (dl * q.to(torch.float32) - ml).reshape(n, QK_K)
+    return q.to(torch.float32).mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -217,7 +218,7 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     d = _f16(blocks[:, 208:210])
     dl = (d * scales).reshape(n, 16, 1)
     q = ((ql | (qh << 4)).to(torch.int8) - 32).reshape(n, 16, 16)
-    return (dl * q.to(torch.float32)).reshape(n, QK_K)
+    return q.to(torch.float32).mul_(dl).reshape(n, QK_K)
 
 
 _KERNELS: dict[GGMLQuantizationType, Kernel] = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (EXACT_TOP, Int4Plane, QuantizedWeight, RawTensor,
+from app.models.quantized import (EXACT_TOP, Int4Codes, QuantizedWeight, RawTensor,
                                   int4_kernel_available, int4_linear, kernel_planes, pack_raw,
                                   screen_raw, screens)
 
@@ -288,31 +288,27 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
         wide, wide_parts = _join([w.wide for w in weights], 0)
         return DualWeight(narrow, wide), [DualWeight(n, w) for n, w in zip(narrow_parts, wide_parts)]
     if isinstance(first, QuantizedWeight):
-        same = all(isinstance(w, QuantizedWeight) and len(w.planes) == len(first.planes)
+        same = all(isinstance(w, QuantizedWeight) and w.codes.planes == first.codes.planes
                    and w.act_dtype == first.act_dtype and w.in_features == first.in_features
                    and w.narrow_rows_max == first.narrow_rows_max and w.rows is None
                    and (w.wide is None) == (first.wide is None) and w.out_features % 64 == 0
                    for w in weights)
         if not same or first.rows is not None:
             return None
-        planes, plane_parts = [], []
-        for i in range(len(first.planes)):
-            packed, packed_parts = _join([w.planes[i].packed for w in weights], 0)
-            # [K/32, N, 2]: the kernel reads a part's scales densely, so each part keeps its
-            # own (they are an eighth of the codes' bytes) and the joined ones are a copy.
-            sz = torch.cat([w.planes[i].scale_zeros for w in weights], 1)
-            planes.append(Int4Plane(packed, sz))
-            plane_parts.append([Int4Plane(p, w.planes[i].scale_zeros)
-                                for p, w in zip(packed_parts, weights)])
+        planes = first.codes.planes
+        packed, packed_parts = _join([w.codes.packed for w in weights], 0)
+        # [K/32, N, 2]: the kernel reads a part's scales densely, so each part keeps its
+        # own (they are an eighth of the codes' bytes) and the joined ones are a copy.
+        sz = torch.cat([w.codes.scale_zeros for w in weights], 1)
         wide, wide_parts = (None, [None] * len(weights)) if first.wide is None else \
             _join([w.wide for w in weights], 0)
         out = sum(w.out_features for w in weights)
-        fused = QuantizedWeight(tuple(planes), out, first.in_features, first.act_dtype, wide=wide,
-                                narrow_rows_max=first.narrow_rows_max)
-        parts = [QuantizedWeight(tuple(plane_parts[i][j] for i in range(len(planes))),
-                                 w.out_features, w.in_features, w.act_dtype, wide=wide_parts[j],
+        fused = QuantizedWeight(Int4Codes(packed, sz, planes), out, first.in_features,
+                                first.act_dtype, wide=wide, narrow_rows_max=first.narrow_rows_max)
+        parts = [QuantizedWeight(Int4Codes(p, w.codes.scale_zeros, planes), w.out_features,
+                                 w.in_features, w.act_dtype, wide=wide_parts[j],
                                  narrow_rows_max=w.narrow_rows_max)
-                 for j, w in enumerate(weights)]
+                 for j, (p, w) in enumerate(zip(packed_parts, weights))]
         return fused, parts
     return None
 
@@ -386,13 +382,13 @@ class WeightFormat:
                                    exact_top=EXACT_TOP)
         many_rows = not output
         if isinstance(w, RawTensor):
-            planes = pack_raw(w, self.int4_act_dtype) if self.int4 else None
-            if planes is not None:
+            codes = pack_raw(w, self.int4_act_dtype) if self.int4 else None
+            if codes is not None:
                 wide = None
                 if self.int4_wide_dtype is not None and many_rows:
                     wide = w.dequantize().to(self.int4_wide_dtype)
                 rows = RawTensor(w.data.clone(), w.ggml_type, w.shape) if keep_rows else None
-                return QuantizedWeight(planes, w.shape[0], w.shape[1],
+                return QuantizedWeight(codes, w.shape[0], w.shape[1],
                                        self.int4_act_dtype, wide=wide,
                                        narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=rows)
             w = w.dequantize()

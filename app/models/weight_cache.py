@@ -24,10 +24,11 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from app.models.layers import DualWeight, WeightFormat
-from app.models.quantized import Int4Plane, QuantizedWeight, RawTensor
+from app.models.quantized import Int4Codes, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 5  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
-#                   4: only from SCREEN_MIN_ROWS tokens; 5: Q2_K/Q3_K/Q6_K as two planes
+LAYOUT_VERSION = 6  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
+#                   4: only from SCREEN_MIN_ROWS tokens; 5: Q2_K/Q3_K/Q6_K as two planes;
+#                   6: two planes packed side by side, one product
 # Entries written before `.source` files existed name no model file: deleted once this old
 # (by modification time) unless a load uses them first (which writes their `.source`).
 UNNAMED_ENTRY_MAX_AGE_S = 30 * 24 * 3600
@@ -156,8 +157,8 @@ def _describe(value, slot: str, tensors: dict) -> dict:
         rows = value.rows
         return {"kind": "int4", "out": value.out_features, "in": value.in_features,
                 "act": _dtype_name(value.act_dtype), "narrow_rows_max": value.narrow_rows_max,
-                "planes": [[put(f"p{i}", p.packed), put(f"sz{i}", p.scale_zeros)]
-                           for i, p in enumerate(value.planes)],
+                "codes": [put("p", value.codes.packed), put("sz", value.codes.scale_zeros),
+                          value.codes.planes],
                 "wide": put("wide", value.wide), "exact_top": value.exact_top,
                 "rows": None if rows is None else {"t": put("rows", rows.data), "type": int(rows.ggml_type),
                                                    "shape": list(rows.shape)}}
@@ -175,7 +176,8 @@ def _rebuild(d: dict, tensors: dict):
         raise ValueError(f"unknown slot kind {d['kind']!r}")
     rows = d["rows"]
     return QuantizedWeight(
-        tuple(Int4Plane(tensors[p], tensors[sz]) for p, sz in d["planes"]), int(d["out"]), int(d["in"]),
+        Int4Codes(tensors[d["codes"][0]], tensors[d["codes"][1]], int(d["codes"][2])),
+        int(d["out"]), int(d["in"]),
         _dtype(d["act"]), wide=None if d["wide"] is None else tensors[d["wide"]],
         narrow_rows_max=int(d["narrow_rows_max"]), exact_top=int(d.get("exact_top", 0)),
         rows=None if rows is None else RawTensor(tensors[rows["t"]], GGMLQuantizationType(rows["type"]),

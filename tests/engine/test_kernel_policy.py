@@ -479,7 +479,7 @@ def _engine_products(model) -> dict[tuple[int, int, int], int]:
         (q, k, v, _), (gate, up) = layer._qkv_of, layer._gate_up_of
         qkv = [layer.qkv] + ([layer.v] if v is None else [])
         for w in [*qkv, layer.o, layer.gate_up, layer.down]:
-            planes = len(w.planes) if isinstance(w, QuantizedWeight) else 0
+            planes = w.codes.planes if isinstance(w, QuantizedWeight) else 0
             out, inp = (w.out_features, w.in_features) if planes else (
                 (w.shape[1], w.shape[0]) if model.fmt.transposed else tuple(w.shape))
             found[(out, inp, planes)] = found.get((out, inp, planes), 0) + 1
@@ -502,7 +502,7 @@ def test_the_measured_products_are_the_ones_a_4bit_load_runs(embedded_model_path
         model = loaded.model
         assert _engine_products(model) == shapes.int4_layers
         head = model.embedding
-        assert isinstance(head, QuantizedWeight) and len(head.planes) == shapes.head_planes == 1
+        assert isinstance(head, QuantizedWeight) and head.codes.planes == shapes.head_planes == 1
         assert head.exact_top and head.rows is not None
     finally:
         loaded.unload()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from app.models.layers import DualWeight, fuse, linear
-from app.models.quantized import int4_kernel_available, pack_int4, quantize_int4, QuantizedWeight
+from app.models.quantized import (Int4Form, QuantizedWeight, int4_kernel_available, pack_int4,
+                                  quantize_int4)
 
 ROWS = (128, 64, 64)  # 4-bit parts must be whole 64-row tiles
 IN = 96
@@ -47,11 +48,21 @@ def test_joined_dual_weight_keeps_both_copies():
     assert all(_same_memory(p.narrow, joined.narrow) for p in parts)
 
 
+def _two_planes(w: torch.Tensor) -> Int4Form:
+    """A 4-bit form of w with a second plane (as Q5/Q8 blocks have)."""
+    form = quantize_int4(w)
+    h = torch.randint(-8, 8, w.shape, generator=torch.Generator().manual_seed(w.shape[0]),
+                      dtype=torch.int8)
+    return Int4Form(form.lo, h, form.s, form.b)
+
+
 @pytest.mark.skipif(not int4_kernel_available(), reason="no 4-bit kernel in this torch")
-def test_joined_4bit_planes_multiply_like_the_parts():
-    ws = [QuantizedWeight(pack_int4(quantize_int4(w), torch.bfloat16), w.shape[0], IN,
+@pytest.mark.parametrize("form", [quantize_int4, _two_planes], ids=["one plane", "two planes"])
+def test_joined_4bit_planes_multiply_like_the_parts(form):
+    ws = [QuantizedWeight(pack_int4(form(w), torch.bfloat16), w.shape[0], IN,
                           torch.bfloat16) for w in _floats(2)]
     joined, parts = fuse(ws, False)
+    assert joined.codes.planes == ws[0].codes.planes
     x = torch.randn(1, IN)
     expected = torch.cat([linear(x, w, False) for w in ws], dim=-1)
     assert torch.equal(linear(x, joined, False), expected)

@@ -100,9 +100,9 @@ def test_packed_planes_multiply_by_the_dequantized_weight(t):
 
 
 def test_two_planes_for_five_and_eight_bit_blocks_one_for_four_bit():
-    assert len(pack_int4(int4_form(random_blocks(T.Q4_K, 4)), torch.bfloat16)) == 1
-    assert len(pack_int4(int4_form(random_blocks(T.Q5_0, 4)), torch.bfloat16)) == 2
-    assert len(pack_int4(int4_form(random_blocks(T.Q8_0, 4)), torch.bfloat16)) == 2
+    assert pack_int4(int4_form(random_blocks(T.Q4_K, 4)), torch.bfloat16).planes == 1
+    assert pack_int4(int4_form(random_blocks(T.Q5_0, 4)), torch.bfloat16).planes == 2
+    assert pack_int4(int4_form(random_blocks(T.Q8_0, 4)), torch.bfloat16).planes == 2
     assert int4_form(RawTensor(torch.zeros(N, K // 256 * 210, dtype=torch.uint8), T.Q6_K, (N, K))) is None
 
 
@@ -129,9 +129,9 @@ def test_sixteen_value_groups_become_two_planes_within_a_450th_of_their_range(t,
     bfloat16 activations the product's own rounding to bfloat16 too)."""
     raw = sixteen_group_blocks(t, seed=21)
     expected = raw.dequantize()
-    planes = pack_raw(raw, act)
-    assert int4_form(raw) is None and len(planes) == kernel_planes(t) == 2
-    got = kernel_weight(QuantizedWeight(planes, N, K, act))
+    codes = pack_raw(raw, act)
+    assert int4_form(raw) is None and codes.planes == kernel_planes(t) == 2
+    got = kernel_weight(QuantizedWeight(codes, N, K, act))
     groups = expected.reshape(N, K // INT4_GROUP, INT4_GROUP)
     spread = (groups.amax(-1) - groups.amin(-1)).repeat_interleave(INT4_GROUP, 1)
     bound = spread / 400 + (expected.abs() * 2.0**-8 if act == torch.bfloat16 else 1e-7)
@@ -233,7 +233,7 @@ def test_a_screened_head_gives_exact_logits_at_the_top(t, small_heads_screened):
     raw = head_blocks(t, seed=11)
     assert INT4_BF16.wants_raw(t, output_rows=VOCAB) and not INT4_BF16.wants_raw(T.F16, VOCAB)
     head = INT4_BF16.prepare(raw, output=True)
-    assert len(head.planes) == 1 and head.exact_top == EXACT_TOP
+    assert head.codes.planes == 1 and head.exact_top == EXACT_TOP
     x = torch.randn(3, WIDTH, generator=torch.Generator().manual_seed(3)) * 4
     got = linear(x, head, False)
     exact = x @ raw.dequantize().t()
@@ -298,12 +298,12 @@ def test_one_plane_heads_and_small_vocabularies_are_not_screened():
     from app.models.quantized import SCREEN_MIN_ROWS, screens
 
     head = INT4_BF16.prepare(head_blocks(T.Q4_1, seed=14), output=True)
-    assert head.exact_top == 0 and len(head.planes) == 1
+    assert head.exact_top == 0 and head.codes.planes == 1
     assert VOCAB < SCREEN_MIN_ROWS
     head = INT4_BF16.prepare(head_blocks(T.Q8_0, seed=14), keep_rows=True, output=True)
-    assert head.exact_top == 0 and len(head.planes) == 2 and head.rows is not None
+    assert head.exact_top == 0 and head.codes.planes == 2 and head.rows is not None
     head = INT4_BF16.prepare(head_blocks(T.Q6_K, seed=14), output=True)
-    assert head.exact_top == 0 and len(head.planes) == 2  # approximated, as any Q6_K weight
+    assert head.exact_top == 0 and head.codes.planes == 2  # approximated, as any Q6_K weight
     assert INT4_BF16.wants_raw(T.Q6_K, output_rows=VOCAB)
     assert screens(T.Q8_0, 262144) and screens(T.Q6_K, 128256) and not screens(T.Q4_K, 262144)
 
@@ -418,6 +418,6 @@ def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
     whole = quantized.pack_raw(raw, torch.bfloat16)
     monkeypatch.setattr(quantized, "PACK_ROWS", 64)  # the kernel's row tile: 64 + 64 + 32 rows
     chunked = quantized.pack_raw(raw, torch.bfloat16)
-    assert len(chunked) == len(whole) == 2
-    for a, b in zip(chunked, whole):
-        assert torch.equal(a.packed, b.packed) and torch.equal(a.scale_zeros, b.scale_zeros)
+    assert chunked.planes == whole.planes == 2
+    assert torch.equal(chunked.packed, whole.packed)
+    assert torch.equal(chunked.scale_zeros, whole.scale_zeros)

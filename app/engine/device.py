@@ -109,10 +109,16 @@ def compute_dtype_for(weight_dtype: torch.dtype, device: torch.device) -> torch.
     return torch.float32
 
 
+def cpu_threads() -> int:
+    """The thread count matmuls use on the CPU unless the user set OMP_NUM_THREADS: every
+    CPU the OS reports (the thread tuner's `most`, whatever count a previous engine left set)."""
+    return max(1, os.cpu_count() or 1)
+
+
 def configure_cpu_threads() -> None:
-    """Use every physical core for matmuls unless the user set OMP_NUM_THREADS."""
+    """Use every CPU for matmuls unless the user set OMP_NUM_THREADS."""
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        torch.set_num_threads(cpu_threads())
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from app.chat.budget import plan_reply
+from app.engine.device import cpu_threads
 from app.engine.events import (Event, Failed, Finished, PrefillProgress, Queued, Timings, Token,
                                Usage)
 from app.engine.kv_disk import KVDiskStore, KVDiskWriter, chain_keys
@@ -122,8 +123,10 @@ class Engine:
         # Weights in another format waiting to be swapped in between requests (replace_weights).
         self._replacement: tuple[LoadedModel, KVDiskStore | None] | None = None
         self.replacements_handled = 0  # swapped in or refused, for whoever waits on one
-        self.threads = ThreadTuner(
-            torch.get_num_threads() if self._tunes_threads() else 1, torch.set_num_threads)
+        # From the configured count, not torch's current one: an engine before this one (a
+        # model swap, bench's next run) may have left its thread on the fewer-threads count.
+        self.threads = ThreadTuner(cpu_threads() if self._tunes_threads() else 1,
+                                   torch.set_num_threads)
         self._warm_up()
 
     def _tunes_threads(self) -> bool:

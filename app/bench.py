@@ -11,7 +11,8 @@ Figures (all on the same loaded model and engine):
   document_*                that document's first token beside the stream (which runs past
                             then: stream_ran_throughout), alone, and the ratio
   streams_4_*               4 streams at once against 1, after short and 1,000-token prompts
-                            (decode tokens per second once all are decoding, and the ratio)
+                            (decode tokens per second once all are decoding, each the best of
+                            two runs taken in turn, and the ratio)
   short_during_long_*       a 20-token request sent 1 s into a 12,000-token prefill (or the
                             context less a margin): its first token, and alone
   requests_8_*              8 requests of ~150 tokens sent at once: first and last first token
@@ -217,10 +218,12 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     # Aborted once the document had its first token, not ended on its own before.
     results["stream_ran_throughout"] = traces["stream"].finished.finish_reason == "abort"
 
-    # 5. four streams at once against one, after a short and a 1,000-token prompt
+    # 5. four streams at once against one, after a short and a 1,000-token prompt: each the
+    # best of two runs taken in turn (1, 4, 1, 4), as the comparison script takes its best of
+    # two, so a busy moment on a shared machine weighs on neither side alone.
     for context in (24, 1000):
-        rates = {}
-        for n in (1, 4):
+        rates = {1: 0.0, 4: 0.0}
+        for n in (1, 4) * 2:
             engine.clear_cache()
             prompts = {f"s{i}": bos_prefix(tok) + filler_ids(tok, context, salt=10 + i)
                        for i in range(n)}
@@ -229,7 +232,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
             # 96 tokens: over fewer, one stream's rate moved 15% between runs (a thread-count
             # probe or a busy moment weighs on a 0.6 s stretch).
             jobs = {k: (ids, SamplingParams(max_tokens=96, **greedy)) for k, ids in prompts.items()}
-            rates[n] = _decoding_rate(_drive(engine, jobs))
+            rates[n] = max(rates[n], _decoding_rate(_drive(engine, jobs)))
         results[f"streams_1_ctx{context}_tokens_per_s"] = round(rates[1], 1)
         results[f"streams_4_ctx{context}_tokens_per_s"] = round(rates[4], 1)
         results[f"streams_4_over_1_ctx{context}"] = round(rates[4] / rates[1], 2) if rates[1] else None

@@ -84,3 +84,26 @@ def test_top_k_off_draws_what_a_full_sort_draws(top_p, min_p):
         logits = torch.randn(vocab, generator=g) * (2 + step % 5)
         logits[-1] = -1e4  # the token the reference's top-k leaves out
         assert probe.next_token(logits.clone()).id == full.next_token(logits.clone()).id, step
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_nan_and_infinite_logits_from_a_broken_model_still_give_a_token(temperature):
+    """NaN counts as a banned token and +inf as the largest float (the favourite), wherever
+    they sit, greedy or sampled."""
+    nan, inf = float("nan"), float("inf")
+    for values in ([0.5, nan, 2.0], [nan, 0.5, 2.0, nan], [0.5, inf, 2.0, nan], [-inf, nan, 1.0]):
+        for seed in range(3):
+            choice = RequestSampler(SamplingParams(temperature=temperature, seed=seed)
+                                    ).next_token(logits(values))
+            assert values[choice.id] == values[choice.id]  # never a NaN one
+            if inf in values:
+                assert choice.id == values.index(inf)
+            elif temperature == 0:
+                assert choice.id == max((v, i) for i, v in enumerate(values) if v == v)[1]
+
+
+def test_only_nan_logits_allow_no_token():
+    from app.engine.sampling import NoTokenAllowed
+
+    with pytest.raises(NoTokenAllowed):
+        RequestSampler(SamplingParams(temperature=0)).next_token(logits([float("nan")] * 3))

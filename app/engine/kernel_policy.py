@@ -581,6 +581,8 @@ class Measurement:
     kv_ms: dict[str, float] = field(default_factory=dict)
     kv_prefill_ms: dict[str, float] = field(default_factory=dict)
     kv_spread: dict[str, float] = field(default_factory=dict)
+    # Kinds (and "kv <dtype>") whose kernels raised on this machine: left out, with the error.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 def _totals(shapes: ModelShapes, per_kind: dict[str, dict[Key, float]], prefill: bool
@@ -650,27 +652,50 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
             shared[k] = (torch.randn(1, k, generator=gen), torch.randn(PREFILL_ROWS, k, generator=gen))
         return shared[k]
 
+    # A kernel that raises on this machine (a torch build, a CPU, a kind that cannot run here)
+    # rules out its kind, never the load: the others are measured and chosen from.
+    failed: dict[str, str] = {}
+
+    def fails(name: str, exc: Exception) -> None:
+        failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+
     with torch.inference_mode():
         # Setting up (~0.5 s of every core: weights made, copied past the cache, warmed up)
         # gives way to the engine too, between steps: a request arriving then (a person
         # sending a message a second after a relaunch) would otherwise share the cores with
         # it, and the window's GUI thread with both (stalls of 60-90 ms measured).
-        try:
-            runs = {kind: _KindRun(shapes, kind, gen, stream, inputs, busy) for kind in timed}
-        except _Interrupted:
-            return None
-        kv_runs = {}
+        runs: dict[str, _KindRun] = {}
+        for kind in timed:
+            try:
+                runs[kind] = _KindRun(shapes, kind, gen, stream, inputs, busy)
+            except _Interrupted:
+                return None
+            except Exception as exc:
+                fails(kind, exc)
+        kv_runs: dict[str, _KVRun] = {}
         for kind in kv_kinds:
             if busy is not None and busy():
                 return None
-            kv_runs[kind] = _KVRun(shapes, kind, gen)
-        for kind, run in runs.items():
+            try:
+                kv_runs[kind] = _KVRun(shapes, kind, gen)
+            except Exception as exc:
+                fails(f"kv {kind}", exc)
+        for kind, run in list(runs.items()):
             if busy is not None and busy():
                 return None
-            run.warm_up(kind in prefill)
-        for run in kv_runs.values():
-            run.warm_up()
-        active_d, active_p = set(decode), set(prefill)
+            try:
+                run.warm_up(kind in prefill)
+            except Exception as exc:
+                fails(kind, exc)
+                del runs[kind]
+        for kind, run in list(kv_runs.items()):
+            try:
+                run.warm_up()
+            except Exception as exc:
+                fails(f"kv {kind}", exc)
+                del kv_runs[kind]
+        active_d = {k for k in decode if k in runs}
+        active_p = {k for k in prefill if k in runs}
         for rep in range(reps):
             for kind in _rotated(timed, rep):
                 if kind not in active_d and kind not in active_p:
@@ -678,19 +703,32 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
                 if busy is not None and busy():
                     return None
                 probes.append(_probe_ms())
-                if kind in active_d:
-                    samples_d[kind].append(runs[kind].decode_pass())
-                if kind in active_p:
-                    samples_p[kind].append(runs[kind].prefill_pass())
-            for kind in _rotated(kv_kinds, rep):
+                try:
+                    if kind in active_d:
+                        samples_d[kind].append(runs[kind].decode_pass())
+                    if kind in active_p:
+                        samples_p[kind].append(runs[kind].prefill_pass())
+                except Exception as exc:
+                    fails(kind, exc)
+                    active_d.discard(kind)
+                    active_p.discard(kind)
+                    for samples in (samples_d, samples_p):
+                        if kind in samples:
+                            samples[kind] = []
+            for kind in _rotated([k for k in kv_kinds if k in kv_runs], rep):
                 if busy is not None and busy():
                     return None
                 probes.append(_probe_ms())
-                samples_kv[kind].append((kv_runs[kind].decode_pass(), kv_runs[kind].prefill_pass()))
+                try:
+                    samples_kv[kind].append((kv_runs[kind].decode_pass(), kv_runs[kind].prefill_pass()))
+                except Exception as exc:
+                    fails(f"kv {kind}", exc)
+                    del kv_runs[kind]
+                    samples_kv[kind] = []
             if rep == 0:  # a kind that cannot win is not timed again
                 for samples, active, is_prefill in ((samples_d, active_d, False),
                                                     (samples_p, active_p, True)):
-                    first = _totals(shapes, {k: s[0] for k, s in samples.items()}, is_prefill)
+                    first = _totals(shapes, {k: s[0] for k, s in samples.items() if s}, is_prefill)
                     fastest = min(first.values(), default=0.0)
                     active -= {k for k, ms in first.items() if ms > SLOW_CUT * fastest
                                and k != DEFAULT}
@@ -698,7 +736,7 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
                     break  # stalled already: unusable whatever follows (each stall costs ms)
     decode_ms, decode_spread = _figures(shapes, samples_d, False)
     prefill_ms, prefill_spread = _figures(shapes, samples_p, True)
-    once = tuple(k for k in timed if k not in active_d and k not in active_p)
+    once = tuple(k for k in timed if k not in active_d and k not in active_p and k not in failed)
     kv_ms, kv_prefill_ms, kv_spread = {}, {}, {}
     for kind, pairs in samples_kv.items():
         if pairs:
@@ -708,7 +746,7 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
     return Measurement(decode_ms, prefill_ms, decode_spread, prefill_spread,
                        round(sum(p > STALL_MS for p in probes) / max(len(probes), 1), 3),
                        round(statistics.median([p for p in probes if p > STALL_MS] or [0.0]), 3),
-                       once, kv_ms, kv_prefill_ms, kv_spread)
+                       once, kv_ms, kv_prefill_ms, kv_spread, failed)
 
 
 def _rotated(kinds: list[str], rep: int) -> list[str]:
@@ -770,8 +808,10 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     kv, kv_why = pick_kv(m)
     if kv != KV_DEFAULT:
         label += f", {kv} KV"
+    failed = "".join(f"; {kind} left out, its kernels failed here ({error})"
+                     for kind, error in m.failed.items() if not kind.startswith("kv "))
     return Policy(decode, prefill, label, _reason(decode_ms, prefill_ms, decode, prefill, allowed,
-                                                  shapes, noise) + kv_why,
+                                                  shapes, noise) + failed + kv_why,
                   decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time(),
                   status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms))
 
@@ -781,6 +821,10 @@ def pick_kv(m: Measurement) -> tuple[str, str]:
     float32 by more than the noise (and `MIN_GAIN`) in a decode step's attention or a prefill
     chunk's, and is no slower beyond the noise in the other; float32 otherwise (also when the
     timings are erratic, or missing)."""
+    broken = [f"{k[3:]} attention failed here ({error})" for k, error in m.failed.items()
+              if k.startswith("kv ")]
+    if broken:
+        return KV_DEFAULT, f"; KV cache {KV_DEFAULT} ({'; '.join(broken)})"
     if not all(k in m.kv_ms and k in m.kv_prefill_ms for k in KV_KINDS):
         return KV_DEFAULT, ""
     noise = max(m.kv_spread.get(k, 0.0) for k in KV_KINDS)
@@ -840,6 +884,8 @@ def _reason(decode_ms, prefill_ms, decode, prefill, allowed, shapes, noise) -> s
 def unusable(m: Measurement) -> str | None:
     """Why a measurement's figures cannot be acted on (None: they can): its threads stalled
     (see the module docstring's stall rule)."""
+    if not m.decode_ms or not m.prefill_ms:
+        return f"no kind's kernels ran here ({'; '.join(f'{k}: {e}' for k, e in m.failed.items())})"
     if m.stalled > STALLED_MAX:
         return (f"the threads waited for cores other programs held in {m.stalled:.0%} of the "
                 f"timings (waking them took {m.stall_ms:.1f} ms there, normally microseconds)")
@@ -885,6 +931,9 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
                 return None
             break  # past the budget: the last finished measurement's reason, if any, stands
         measured += 1
+        why = unusable(m) if not m.decode_ms or not m.prefill_ms else None
+        if why is not None:
+            break  # nothing ran: measuring again would not change that
         policy = choose(m, shapes)
         why = _unusable_why(m, policy)
         if why is None:
@@ -936,6 +985,9 @@ def check(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None =
 
 def judge(policy: Policy, m: Measurement) -> tuple[str, str]:
     """A re-timing's verdict on a cached policy (see `check`), and what was seen."""
+    for chosen in (policy.decode, policy.prefill, f"kv {policy.kv}"):
+        if chosen in m.failed:
+            return CHANGED, f"{chosen} failed here now ({m.failed[chosen]})"
     stalled = unusable(m)
     if stalled:
         return UNCLEAR, stalled

@@ -167,6 +167,67 @@ def test_a_real_measurement_times_the_kv_dtypes_too():
     assert kp.measure(TINY, kinds=("float16",), reps=1, busy=lambda: False).kv_ms == {}
 
 
+def _raising_for(dtype, real):
+    def run(self, *args, **kwargs):
+        if self.dtype == dtype:
+            raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+        return real(self, *args, **kwargs)
+    return run
+
+
+def test_a_kv_dtype_whose_attention_raises_here_is_left_out_and_the_model_loads(monkeypatch,
+                                                                               tmp_path):
+    """As torch's bfloat16 SDPA does under ATEN_CPU_CAPABILITY=avx2 on an AMX CPU: the
+    measurement goes on without it, the cache stays float32, and the reason says why."""
+    monkeypatch.setattr(kp._KVRun, "_attend", _raising_for(torch.bfloat16, kp._KVRun._attend))
+    shapes = dataclasses.replace(TINY, kv=(2, 4, 2, 16))
+    m = kp.measure(shapes, kinds=("float16", "float32"), reps=2, busy=lambda: False)
+    assert set(m.kv_ms) == {"float32"} and "pack_vnni2" in m.failed["kv bfloat16"]
+    policy = kp.choose(m, shapes)
+    assert policy.kv == "float32" and "bfloat16 attention failed here" in policy.reason
+    # A cached bfloat16 choice whose attention fails now is measured again.
+    cached = dataclasses.replace(policy, kv="bfloat16")
+    assert kp.judge(cached, m)[0] == kp.CHANGED
+
+
+def test_a_weight_kind_whose_kernel_raises_here_is_left_out(monkeypatch):
+    real = kp._KindRun.decode_pass
+
+    def decode_pass(self):
+        if self is runs.get("bfloat16"):
+            raise RuntimeError("no kernel for this CPU")
+        return real(self)
+
+    runs = {}
+    init = kp._KindRun.__init__
+
+    def remember(self, shapes, kind, *args, **kwargs):
+        init(self, shapes, kind, *args, **kwargs)
+        runs[kind] = self
+
+    monkeypatch.setattr(kp._KindRun, "__init__", remember)
+    monkeypatch.setattr(kp._KindRun, "decode_pass", decode_pass)
+    m = kp.measure(TINY, reps=2, busy=lambda: False)
+    assert "bfloat16" not in m.decode_ms and "bfloat16" not in m.prefill_ms
+    assert "bfloat16" not in m.timed_once and "no kernel" in m.failed["bfloat16"]
+    assert {"float32", "float16"} <= set(m.decode_ms)
+    policy = kp.choose(m, TINY)
+    assert policy.decode != "bfloat16" and "bfloat16 left out" in policy.reason
+    cached = dataclasses.replace(policy, decode="bfloat16")
+    assert kp.judge(cached, m) == (kp.CHANGED, "bfloat16 failed here now (RuntimeError: no kernel for this CPU)")
+
+
+def test_when_no_kind_runs_the_default_is_kept_and_says_why(monkeypatch, tmp_path):
+    def broken(self):
+        raise RuntimeError("broken torch")
+
+    monkeypatch.setattr(kp._KindRun, "decode_pass", broken)
+    monkeypatch.setattr(kp._KindRun, "prefill_pass", broken)
+    policy = kp.measure_and_choose(TINY, tmp_path)
+    assert policy.decode == kp.DEFAULT and "no kind's kernels ran here" in policy.reason
+    assert kp.cached_policy(TINY, tmp_path) is None
+
+
 def test_a_measurement_hands_its_timing_weights_memory_back(monkeypatch):
     """Its weights are garbage once it returns, interrupted or not: the C heap's free pages
     go back to the system (they kept Gemma 3 270M's process 1 GB larger)."""

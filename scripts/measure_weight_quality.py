@@ -6,6 +6,12 @@ which ships with every Python; its first --tokens tokens), the relative change a
 float32, and whether greedy decoding from the reference prompts (tests/fixtures/*.json and,
 when given, the shared Gemma reference) gives the same tokens as float32.
 
+A mean NLL can move either way by chance (a format can score below float32), so each format
+is also compared with the first one directly, position by position over the same text: the
+mean KL divergence from the first's next-token distribution (over the first's top
+`KL_TOP` tokens, which hold nearly all of its mass) and how often both take the same
+greedy token. Those two shrink as a format gets closer; the NLL need not.
+
 The text is scored in passes of --chunk tokens (default 8), as decoding runs its products:
 a 4-bit load multiplies passes of more rows by its float copy (prefill), so longer passes
 would measure that copy, not the 4-bit planes every generated token goes through.
@@ -37,22 +43,41 @@ def license_text() -> str:
     raise SystemExit("CPython's LICENSE.txt was not found next to the standard library.")
 
 
+KL_TOP = 64  # the reference's most likely tokens a position's KL divergence is summed over
+
+
 @torch.inference_mode()
-def mean_nll(loaded, ids: list[int], chunk: int = 8) -> float:
+def score(loaded, ids: list[int], chunk: int = 8, reference: dict | None = None) -> dict:
+    """The text's mean NLL ("nll"), each position's top `KL_TOP` log-probabilities ("top_ids",
+    "top_logprobs", [P, KL_TOP]) and greedy token ("argmax", [P]); against a `reference` (the
+    first format's score) also the mean KL divergence from it ("kl") and the share of
+    positions taking its greedy token ("argmax_same")."""
     from app.engine.contiguous_kv import ContiguousKV
 
     kv = ContiguousKV(loaded.kv_facts, len(ids), loaded.device, loaded.kv_dtype)
-    total, count = 0.0, 0
+    total, count, kl = 0.0, 0, 0.0
+    top_ids, top_logprobs, argmax = [], [], []
     while kv.length < len(ids) - 1:
         start = kv.length
         part = ids[start: start + chunk]
         hidden = loaded.model(torch.tensor([part]), kv.positions(len(part)), kv)
         kv.commit(len(part))
         targets = torch.tensor(ids[start + 1: start + 1 + len(part)])
-        logits = loaded.model.logits(hidden[0, : len(targets)])
-        total += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+        logprobs = torch.log_softmax(loaded.model.logits(hidden[0, : len(targets)]).float(), -1)
+        total += torch.nn.functional.nll_loss(logprobs, targets, reduction="sum").item()
+        if reference is not None:  # KL(reference || this) over the reference's top tokens
+            rows = slice(count, count + len(targets))
+            ref_ids, ref_lp = reference["top_ids"][rows], reference["top_logprobs"][rows]
+            kl += (ref_lp.exp() * (ref_lp - logprobs.gather(-1, ref_ids))).sum().item()
+        values, indices = logprobs.topk(KL_TOP, dim=-1)
+        top_ids.append(indices), top_logprobs.append(values), argmax.append(indices[:, 0])
         count += len(targets)
-    return total / count
+    out = {"nll": total / count, "top_ids": torch.cat(top_ids), "top_logprobs": torch.cat(top_logprobs),
+           "argmax": torch.cat(argmax)}
+    if reference is not None:
+        out["kl"] = kl / count
+        out["argmax_same"] = (out["argmax"] == reference["argmax"]).float().mean().item()
+    return out
 
 
 @torch.inference_mode()
@@ -152,7 +177,7 @@ def measure_file(path: Path, args, label: str) -> None:
 
     import dataclasses
 
-    base_nll, base_tokens = None, None
+    base, base_tokens = None, None
     runs = [(fmt, kv) for fmt in args.formats.split(",") for kv in args.kv.split(",")]
     for fmt, kv in runs:
         loaded = load_on(path, "cpu", fmt)
@@ -161,10 +186,12 @@ def measure_file(path: Path, args, label: str) -> None:
         tok = loaded.tokenizer
         ids = (bos_prefix(tok) + tok.encode(license_text()))[: args.tokens]
         prompts = reference_prompts(loaded.name, args.shared)
-        nll = mean_nll(loaded, ids, args.chunk)
+        scored = score(loaded, ids, args.chunk, reference=base)
+        nll = scored["nll"]
         outs = [greedy(loaded, p, args.greedy_tokens) for p in prompts]
-        if base_nll is None:
-            base_nll, base_tokens = nll, outs
+        if base is None:
+            base, base_tokens = scored, outs
+        base_nll = base["nll"]
         agree = sum(a == b for a, b in zip(outs, base_tokens))
         first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
                       for a, b in zip(outs, base_tokens)]
@@ -174,6 +201,8 @@ def measure_file(path: Path, args, label: str) -> None:
                           "tokens": len(ids), "mean_nll": round(nll, 5),
                           "vs_first_pct": round(100 * (nll - base_nll) / base_nll, 3),
                           "perplexity": round(math.exp(nll), 3),
+                          "kl_vs_first": round(scored.get("kl", 0.0), 6),
+                          "text_argmax_same": round(scored.get("argmax_same", 1.0), 4),
                           "greedy_same": f"{agree}/{len(outs)}", "first_difference_at": first_diff}),
               flush=True)
         loaded.unload()

@@ -370,7 +370,7 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
         engine = Engine(loaded, EngineConfig(kv_tokens=4096))
         greedy = dict(temperature=0, ignore_eos=True)
 
-        def best(ids: list[int], max_tokens: int, key):
+        def timed_runs(ids: list[int], max_tokens: int, key) -> list[float]:
             runs = []
             for _ in range(max(1, tries)):
                 engine.clear_cache()
@@ -379,10 +379,10 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
             return runs
 
         ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 32)
-        decode = (max(best(ids, decode_tokens, lambda t: t.decode_tokens_per_s))
+        decode = (max(timed_runs(ids, decode_tokens, lambda t: t.decode_tokens_per_s))
                   if decode_tokens else None)
         ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 1023, salt=1)
-        prefill = min(best(ids, 1, lambda t: t.prefill_s))
+        prefill = min(timed_runs(ids, 1, lambda t: t.prefill_s))
         rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),
                      "decode_tokens_per_s": round(decode, 1) if decode else None,

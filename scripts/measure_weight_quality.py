@@ -48,15 +48,15 @@ KL_TOP = 64  # the reference's most likely tokens a position's KL divergence is 
 
 @torch.inference_mode()
 def score(loaded, ids: list[int], chunk: int = 8, reference: dict | None = None) -> dict:
-    """The text's mean NLL ("nll"), each position's top `KL_TOP` log-probabilities ("top_ids",
-    "top_logprobs", [P, KL_TOP]) and greedy token ("argmax", [P]); against a `reference` (the
-    first format's score) also the mean KL divergence from it ("kl") and the share of
-    positions taking its greedy token ("argmax_same")."""
+    """The text's mean NLL ("nll") and each position's top `KL_TOP` log-probabilities
+    ("top_ids", "top_logprobs", [P, KL_TOP], best first: column 0 is the greedy token);
+    against a `reference` (the first format's score) also the mean KL divergence from it
+    ("kl") and the share of positions taking its greedy token ("argmax_same")."""
     from app.engine.contiguous_kv import ContiguousKV
 
     kv = ContiguousKV(loaded.kv_facts, len(ids), loaded.device, loaded.kv_dtype)
     total, count, kl = 0.0, 0, 0.0
-    top_ids, top_logprobs, argmax = [], [], []
+    top_ids, top_logprobs = [], []
     while kv.length < len(ids) - 1:
         start = kv.length
         part = ids[start: start + chunk]
@@ -70,13 +70,13 @@ def score(loaded, ids: list[int], chunk: int = 8, reference: dict | None = None)
             ref_ids, ref_lp = reference["top_ids"][rows], reference["top_logprobs"][rows]
             kl += (ref_lp.exp() * (ref_lp - logprobs.gather(-1, ref_ids))).sum().item()
         values, indices = logprobs.topk(KL_TOP, dim=-1)
-        top_ids.append(indices), top_logprobs.append(values), argmax.append(indices[:, 0])
+        top_ids.append(indices), top_logprobs.append(values)
         count += len(targets)
-    out = {"nll": total / count, "top_ids": torch.cat(top_ids), "top_logprobs": torch.cat(top_logprobs),
-           "argmax": torch.cat(argmax)}
+    out = {"nll": total / count, "top_ids": torch.cat(top_ids), "top_logprobs": torch.cat(top_logprobs)}
     if reference is not None:
         out["kl"] = kl / count
-        out["argmax_same"] = (out["argmax"] == reference["argmax"]).float().mean().item()
+        same = out["top_ids"][:, 0] == reference["top_ids"][:, 0]
+        out["argmax_same"] = same.float().mean().item()
     return out
 
 

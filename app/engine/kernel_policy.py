@@ -931,8 +931,8 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
                 return None
             break  # past the budget: the last finished measurement's reason, if any, stands
         measured += 1
-        why = unusable(m) if not m.decode_ms or not m.prefill_ms else None
-        if why is not None:
+        if not m.decode_ms or not m.prefill_ms:
+            why = unusable(m)
             break  # nothing ran: measuring again would not change that
         policy = choose(m, shapes)
         why = _unusable_why(m, policy)

@@ -95,6 +95,14 @@ class TokenChoice:
     top: tuple[tuple[int, float], ...] = ()
 
 
+def _best(logits: torch.Tensor, greedy: bool) -> tuple[float, torch.Tensor | None]:
+    """The largest logit and, for greedy, its index from the same pass (max with a dim returns
+    the first of equal values, as argmax does; 0.12 ms over 262,144 logits against 0.38 for
+    argmax)."""
+    value, index = logits.max(0) if greedy else (logits.max(), None)
+    return float(value), index
+
+
 @dataclass
 class RequestSampler:
     params: SamplingParams
@@ -123,18 +131,14 @@ class RequestSampler:
         for process in self._processors:
             shaped = process(self._generated, shaped if shaped is not logits else logits.clone())
         shaped = self._penalized(shaped)
-        # Greedy takes the best's index from the same pass (max with a dim returns the first
-        # of equal values, as argmax does; 0.12 ms over 262,144 logits against 0.38 for argmax).
-        best_value, best_index = shaped.max(0) if p.greedy else (shaped.max(), None)
-        best = float(best_value)
+        best, best_index = _best(shaped, p.greedy)
         if not math.isfinite(best):
             # Extreme penalties overflow: +inf becomes the largest float (still the favourite),
             # NaN a banned token, so nothing below ever sees inf - inf. Only here: a finite
             # best means no NaN (max propagates it) and no +inf, so this would change nothing
             # (one pass over the vocabulary saved a token, 4 MB of traffic for four streams).
             shaped = torch.nan_to_num(shaped, nan=-math.inf, posinf=_FLOAT_MAX, neginf=-math.inf)
-            best_value, best_index = shaped.max(0) if p.greedy else (shaped.max(), None)
-            best = float(best_value)
+            best, best_index = _best(shaped, p.greedy)
         if best == -math.inf:
             raise NoTokenAllowed("no token is allowed here: every token was banned by "
                                  "logit_bias or the output format's constraint")

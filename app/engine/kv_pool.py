@@ -182,7 +182,8 @@ class PagedBatchView:
         # keyed copies write theirs back when they are forgotten.
         self._write_slots = torch.tensor(write, device=device) if keys is None else None
         self.q_pos = torch.tensor([q_pos], device=device)  # [1, N]
-        self._masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
+        self._counts = tuple(counts)  # for splitting the packed row into sequences
+        self._plans: dict[int | None, list[tuple]] = {}
 
     def positions(self) -> torch.Tensor:
         return self.q_pos
@@ -191,22 +192,26 @@ class PagedBatchView:
         """Index in the packed row of each sequence's last token (where its logits are)."""
         return [offset + n - 1 for offset, n in zip(self._offsets, self.counts)]
 
-    def _first_visible(self, i: int, window: int | None) -> int:
-        """The oldest position any of sequence i's queries may see this pass."""
-        return max(0, self.starts[i] - window + 1) if window is not None else 0
-
-    def _mask(self, i: int, window: int | None, first: int) -> torch.Tensor | None:
-        """[1, 1, n, L] for a prefill chunk; None for a decode step (it sees its whole slice)."""
-        n = self.counts[i]
-        if n == 1:
-            return None
-        key = (i, window)
-        if key not in self._masks:
-            start, device = self.starts[i], self.pool.device
-            q_pos = torch.arange(start, start + n, device=device)[None]
-            k_pos = torch.arange(first, start + n, device=device)[None]
-            self._masks[key] = attention_mask(q_pos, k_pos, window)
-        return self._masks[key]
+    def _plan(self, window: int | None) -> list[tuple]:
+        """Per sequence, (start, n, first, seen, mask) for the layers with this `window`
+        (None: global): its n new positions from `start`, and the `seen` positions from
+        `first` its queries attend to (a sliding layer's slice starts where its oldest
+        query's window does), with the causal mask of a prefill chunk or None for a decode
+        step, which sees its whole slice. The same in every layer of a kind, so made once a
+        pass: the loop in `attend` runs for every sequence in every layer."""
+        plan = self._plans.get(window)
+        if plan is None:
+            plan = self._plans[window] = []
+            device = self.pool.device
+            for start, n in zip(self.starts, self.counts):
+                first = max(0, start - window + 1) if window is not None else 0
+                mask = None
+                if n > 1:
+                    q_pos = torch.arange(start, start + n, device=device)[None]
+                    k_pos = torch.arange(first, start + n, device=device)[None]
+                    mask = attention_mask(q_pos, k_pos, window)  # [1, 1, n, seen]
+                plan.append((start, n, first, start + n - first, mask))
+        return plan
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                window: int | None, attention) -> torch.Tensor:
@@ -222,28 +227,21 @@ class PagedBatchView:
         # sequence; the output stays in it (see KVView).
         if q.dtype != self.pool.dtype:
             q = q.to(self.pool.dtype)
+        plan = self._plan(window)
         if len(self._seqs) == 1:
-            n, start = self.counts[0], self.starts[0]
+            (start, n, first, seen, mask), = plan
             _, keys, values = self._seqs[0].layers[layer]  # [1, Hkv, capacity, D]
             keys.narrow(2, start, n).copy_(k)
             values.narrow(2, start, n).copy_(v)
-            first = self._first_visible(0, window)
-            seen = start + n - first
-            out = attention(q, keys.narrow(2, first, seen), values.narrow(2, first, seen),
-                            self._mask(0, window, first))
-        else:
-            new = torch.cat((k, v))  # [2, Hkv, N, D]: one copy a sequence writes both
-            outs = []
-            # narrow rather than slicing subscripts: the same views, without Python's index
-            # parsing.
-            for i, seq in enumerate(self._seqs):
-                offset, n, start = self._offsets[i], self.counts[i], self.starts[i]
-                both, keys, values = seq.layers[layer]
-                both.narrow(2, start, n).copy_(new.narrow(2, offset, n))
-                first = self._first_visible(i, window)
-                seen = start + n - first
-                outs.append(attention(q.narrow(2, offset, n), keys.narrow(2, first, seen),
-                                      values.narrow(2, first, seen), self._mask(i, window, first)))
-            # Sequences are packed in order, so their outputs concatenate into the packed row.
-            out = torch.cat(outs, dim=2)
-        return out
+            return attention(q, keys.narrow(2, first, seen), values.narrow(2, first, seen), mask)
+        # Each sequence's queries and new keys and values, as views of the packed row (one
+        # split each, not a view per sequence); [2, Hkv, n, D]: one copy writes both.
+        queries = q.split_with_sizes(self._counts, 2)
+        news = torch.cat((k, v)).split_with_sizes(self._counts, 2)
+        outs = []
+        for seq, q_i, new, (start, n, first, seen, mask) in zip(self._seqs, queries, news, plan):
+            both, keys, values = seq.layers[layer]
+            both.narrow(2, start, n).copy_(new)
+            outs.append(attention(q_i, keys.narrow(2, first, seen), values.narrow(2, first, seen), mask))
+        # Sequences are packed in order, so their outputs concatenate into the packed row.
+        return torch.cat(outs, dim=2)

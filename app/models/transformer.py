@@ -265,21 +265,19 @@ class DecoderLayer(torch.nn.Module):
         S, T = cos.shape[0], cos.shape[1]
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         y = self._qkv(x).view(S, T, H + 2 * Hkv, D)
+        qk, v = y.split_with_sizes((H + Hkv, Hkv), 2)  # (one call for the two views)
         of = self._qk_norm_of
         if of and of[0] is self.q_norm and of[1] is self.k_norm and y.dtype == torch.float32:
             # One norm over every Q and K head, then each head's weight: the same values as
             # two norms and a concatenation (float32 rms_norm multiplies by its weight last),
             # in two operations a layer instead of seven.
-            qk = rms_norm(y[:, :, :H + Hkv], None, c.rms_eps) * self.qk_norm
+            qk = rms_norm(qk, None, c.rms_eps) * self.qk_norm
         elif self.q_norm is not None:
-            qk = torch.cat((rms_norm(y[:, :, :H], self.q_norm, c.rms_eps),
-                            rms_norm(y[:, :, H:H + Hkv], self.k_norm, c.rms_eps)), dim=2)
-        else:
-            qk = y[:, :, :H + Hkv]
+            qk = torch.cat((rms_norm(qk[:, :, :H], self.q_norm, c.rms_eps),
+                            rms_norm(qk[:, :, H:], self.k_norm, c.rms_eps)), dim=2)
         qk = rotate(qk, cos, sin, self.rope.style)  # [S, T, H + Hkv, D]
-        q = qk[:, :, :H].transpose(1, 2)  # [S, H, T, D]
-        k = qk[:, :, H:].transpose(1, 2)  # [S, Hkv, T, D]
-        v = y[:, :, H + Hkv:].transpose(1, 2)
+        q, k = qk.split_with_sizes((H, Hkv), 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [S, heads, T, D]
         out = kv.attend(self.index, q, k, v, self.window, self._attend)  # x's or the cache's dtype
         # [S, H, T, D] -> [S * T, H * D]; one token's is the same memory read flat (a view)
         out = out.reshape(1, H * D) if S * T == 1 else out.transpose(1, 2).reshape(S * T, H * D)

@@ -95,12 +95,32 @@ class TokenChoice:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def _best(logits: torch.Tensor, greedy: bool) -> tuple[float, torch.Tensor | None]:
-    """The largest logit and, for greedy, its index from the same pass (max with a dim returns
-    the first of equal values, as argmax does; 0.12 ms over 262,144 logits against 0.38 for
-    argmax)."""
-    value, index = logits.max(0) if greedy else (logits.max(), None)
-    return float(value), index
+_MAX_BLOCK = 512
+
+
+def _best(logits: torch.Tensor, greedy: bool) -> tuple[float, int | None]:
+    """The largest logit and, for greedy, the index of its first occurrence (as argmax).
+
+    In two levels: the maximum of each block of 512, then of those. One `max(0)` over a
+    vocabulary runs on one thread; the blocks' maxima run on all of them (262,144 logits
+    from memory, 2-core CPU: 0.13-0.14 ms against 0.35; argmax 0.62). The same value and
+    index: a block's max and the max over blocks each return their first maximal entry,
+    and a NaN anywhere comes out as the value, as one max propagates it."""
+    n = logits.numel()
+    head = n - n % _MAX_BLOCK
+    if head < 2 * _MAX_BLOCK:
+        value, index = logits.max(0)
+        return float(value), int(index) if greedy else None
+    values, indices = logits[:head].reshape(-1, _MAX_BLOCK).max(1)
+    value, block = values.max(0)
+    best = float(value)
+    index = int(block) * _MAX_BLOCK + int(indices[block]) if greedy else None
+    if head < n:  # a vocabulary that is no multiple of the block: its last few logits
+        tail_value, tail_index = logits[head:].max(0)
+        tail = float(tail_value)
+        if tail > best or (math.isnan(tail) and not math.isnan(best)):
+            best, index = tail, head + int(tail_index) if greedy else None
+    return best, index
 
 
 @dataclass
@@ -143,7 +163,7 @@ class RequestSampler:
             raise NoTokenAllowed("no token is allowed here: every token was banned by "
                                  "logit_bias or the output format's constraint")
         if p.greedy:
-            token = int(best_index)
+            token = best_index
         else:
             # Shifted so the best score is 0 before dividing: a tiny temperature sends the
             # others to -inf (greedy in effect), never the best one to inf. The divisor stays

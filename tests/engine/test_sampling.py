@@ -107,3 +107,27 @@ def test_only_nan_logits_allow_no_token():
 
     with pytest.raises(NoTokenAllowed):
         RequestSampler(SamplingParams(temperature=0)).next_token(logits([float("nan")] * 3))
+
+
+@pytest.mark.parametrize("vocab", [1_024, 32_000, 49_152, 262_151])
+def test_greedy_over_a_large_vocabulary_takes_the_first_best(vocab):
+    """The maximum is taken in blocks (and a vocabulary's last partial block apart): ties
+    still go to the first, as argmax's do, wherever the tied entries sit."""
+    values = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab))
+    for where in ([5], [vocab - 1], [700, vocab - 3], [vocab // 2, 17], [511, 512]):
+        tied = values.clone()
+        tied[where] = 9.0
+        assert RequestSampler(SamplingParams(temperature=0)).next_token(tied).id == min(where)
+
+
+@pytest.mark.parametrize("vocab", [32_000, 49_152])
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_nan_anywhere_in_a_large_vocabulary_is_a_banned_token(vocab, temperature):
+    """A NaN in any block, or in the last partial one, is seen (and banned) as one max over
+    the whole vocabulary sees it."""
+    for nan_at in (3, vocab // 2, vocab - 1):
+        values = torch.randn(vocab, generator=torch.Generator().manual_seed(nan_at))
+        values[100] = 60.0
+        values[nan_at] = float("nan")
+        choice = RequestSampler(SamplingParams(temperature=temperature, seed=1)).next_token(values)
+        assert choice.id == 100

@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -354,6 +355,29 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
     return results
 
 
+def restart_peak_rss() -> bool:
+    """Start the process's peak resident memory (Linux's VmHWM) again from now, so a figure
+    taken later leaves out what loading did (the kernel policy's check times copies of the
+    weights, briefly: ~1 GB on a CPU with a 480 MB last-level cache). False where the
+    system cannot (not Linux)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak, nothing else
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_since_restart_mb() -> int | None:
+    """The peak resident memory since `restart_peak_rss` (since the start without it), MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: int = 128,
                          tries: int = 2) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
@@ -361,12 +385,14 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
     `tries` runs on one engine (the prefix cache cleared before each), as the llama.cpp
     side of `scripts/compare_with_llama_cpp.py` takes its best of two. `auto` rows say what
     the measured policy chose and why, and whether the choice was measured or checked now
-    (`policy_status`)."""
+    (`policy_status`); `running_peak_rss_mb` is the peak resident memory from the end of the
+    load to the end of the runs (None where it cannot be told apart from the load's)."""
     from app.engine.device import load_on
 
     rows = []
     for dtype in dtypes:
         loaded = load_on(path, device, dtype)
+        restarted = restart_peak_rss()
         engine = Engine(loaded, EngineConfig(kv_tokens=4096))
         greedy = dict(temperature=0, ignore_eos=True)
 
@@ -388,7 +414,8 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
                      "decode_tokens_per_s": round(decode, 1) if decode else None,
                      "prefill_1024_s": round(prefill, 2),
                      "policy": loaded.policy_label, "why": loaded.policy_reason,
-                     "policy_status": loaded.load_plan.policy_status})
+                     "policy_status": loaded.load_plan.policy_status,
+                     "running_peak_rss_mb": peak_rss_since_restart_mb() if restarted else None})
         loaded.unload()
         del engine, loaded
     return rows

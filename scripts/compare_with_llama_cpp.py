@@ -166,6 +166,8 @@ def main() -> int:
             line = (f"   ferrox {dtype:<12} decode {_rate(row)} tok/s   "
                     f"prefill 1,024 {row['prefill_1024_s']:5.2f} s   peak {row['peak_rss_mb']} MB   "
                     f"load {row['load_s']:.2f} s")
+            if row.get("running_peak_rss_mb"):
+                line += f"   peak after loading {row['running_peak_rss_mb']} MB"
             if llama:
                 if row["decode_tokens_per_s"] and llama["decode_tokens_per_s"]:
                     line += f"   decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x"

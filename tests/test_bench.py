@@ -4,6 +4,7 @@ are not speed claims; `python -m app bench` on the real model makes those)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from app.bench import run_bench
 from app.models.gguf_file import GGUFFile
@@ -63,3 +64,16 @@ def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, mo
                                         decode_tokens=4, tries=2)
     assert seen == [(33, 4), (33, 4), (1024, 1), (1024, 1)]  # BOS and the filler
     assert row["decode_tokens_per_s"] > 0 and row["prefill_1024_s"] > 0.05  # not a cache hit
+
+
+def test_the_peak_memory_restarts_without_what_came_before():
+    """The comparison's 'peak after loading' leaves out the load's transient copies."""
+    from app import bench
+
+    if not bench.restart_peak_rss():
+        pytest.skip("this system cannot restart the peak resident memory")
+    block = torch.ones(256 * 2**20 // 4)  # 256 MB, every page touched
+    with_block = bench.peak_rss_since_restart_mb()
+    del block
+    assert bench.restart_peak_rss()
+    assert bench.peak_rss_since_restart_mb() < with_block - 128

@@ -584,6 +584,11 @@ class Measurement:
     # Kinds (and "kv <dtype>") whose kernels raised on this machine: left out, with the error.
     failed: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def ran(self) -> bool:
+        """Whether some kind's kernels ran for decode and for prefill (False: all raised)."""
+        return bool(self.decode_ms and self.prefill_ms)
+
 
 def _totals(shapes: ModelShapes, per_kind: dict[str, dict[Key, float]], prefill: bool
             ) -> dict[str, float]:
@@ -884,7 +889,7 @@ def _reason(decode_ms, prefill_ms, decode, prefill, allowed, shapes, noise) -> s
 def unusable(m: Measurement) -> str | None:
     """Why a measurement's figures cannot be acted on (None: they can): its threads stalled
     (see the module docstring's stall rule)."""
-    if not m.decode_ms or not m.prefill_ms:
+    if not m.ran:
         return f"no kind's kernels ran here ({'; '.join(f'{k}: {e}' for k, e in m.failed.items())})"
     if m.stalled > STALLED_MAX:
         return (f"the threads waited for cores other programs held in {m.stalled:.0%} of the "
@@ -931,7 +936,7 @@ def measure_and_choose(shapes: ModelShapes, cache_dir: Path,
                 return None
             break  # past the budget: the last finished measurement's reason, if any, stands
         measured += 1
-        if not m.decode_ms or not m.prefill_ms:
+        if not m.ran:
             why = unusable(m)
             break  # nothing ran: measuring again would not change that
         policy = choose(m, shapes)

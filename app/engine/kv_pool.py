@@ -182,7 +182,6 @@ class PagedBatchView:
         # keyed copies write theirs back when they are forgotten.
         self._write_slots = torch.tensor(write, device=device) if keys is None else None
         self.q_pos = torch.tensor([q_pos], device=device)  # [1, N]
-        self._counts = tuple(counts)  # for splitting the packed row into sequences
         self._plans: dict[int | None, list[tuple]] = {}
 
     def positions(self) -> torch.Tensor:
@@ -236,8 +235,8 @@ class PagedBatchView:
             return attention(q, keys.narrow(2, first, seen), values.narrow(2, first, seen), mask)
         # Each sequence's queries and new keys and values, as views of the packed row (one
         # split each, not a view per sequence); [2, Hkv, n, D]: one copy writes both.
-        queries = q.split_with_sizes(self._counts, 2)
-        news = torch.cat((k, v)).split_with_sizes(self._counts, 2)
+        queries = q.split_with_sizes(self.counts, 2)
+        news = torch.cat((k, v)).split_with_sizes(self.counts, 2)
         outs = []
         for seq, q_i, new, (start, n, first, seen, mask) in zip(self._seqs, queries, news, plan):
             both, keys, values = seq.layers[layer]

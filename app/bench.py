@@ -23,7 +23,6 @@ Speed targets are checked here, never by timed assertions in tests.
 
 from __future__ import annotations
 
-import resource
 import statistics
 import sys
 import time
@@ -270,8 +269,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     results["requests_8_last_over_first"] = round(firsts[-1] / firsts[0], 2)
 
     # 8. memory
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    results["peak_rss_mb"] = round(peak_kb / (1024 if sys.platform != "darwin" else 1024 * 1024), 0)
+    results["peak_rss_mb"] = process_peak_rss_mb()
     if loaded.device.type == "cuda":
         results["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 0)
     return results
@@ -392,6 +390,21 @@ def peak_rss_since_restart_mb() -> int | None:
     return _status_mb("VmHWM")
 
 
+def process_peak_rss_mb() -> int | None:
+    """The process's peak resident memory as `getrusage` tells it, MB (which a
+    `restart_peak_rss` restarts too, on Linux); None on Windows, which has no `getrusage`."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**10 if sys.platform != "darwin" else 2**20))  # KB; macOS: bytes
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: int = 128,
                          tries: int = 2) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
@@ -400,12 +413,17 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
     side of `scripts/compare_with_llama_cpp.py` takes its best of two. `auto` rows say what
     the measured policy chose and why, and whether the choice was measured or checked now
     (`policy_status`); `running_peak_rss_mb` is the peak resident memory from the end of the
-    load to the end of the runs (None where it cannot be told apart from the load's)."""
+    load to the end of the runs (None where it cannot be told apart from the load's), and
+    `peak_rss_mb` the whole process's up to the end of that row, loads included (restarting
+    Linux's peak restarts `getrusage`'s too, so the figure from before each restart is kept
+    here)."""
     from app.engine.device import load_on
 
     rows = []
+    process_peak = None
     for dtype in dtypes:
         loaded = load_on(path, device, dtype)
+        process_peak = _larger(process_peak, process_peak_rss_mb())
         restarted = restart_peak_rss()
         engine = Engine(loaded, EngineConfig(kv_tokens=4096))
         greedy = dict(temperature=0, ignore_eos=True)
@@ -430,6 +448,7 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
                      "policy": loaded.policy_label, "why": loaded.policy_reason,
                      "policy_status": loaded.load_plan.policy_status,
                      "running_peak_rss_mb": peak_rss_since_restart_mb() if restarted else None})
+        process_peak = rows[-1]["peak_rss_mb"] = _larger(process_peak, process_peak_rss_mb())
         loaded.unload()
         del engine, loaded
     return rows

@@ -59,14 +59,13 @@ print(json.dumps({"decode_tokens_per_s": round(max(decode(n_decode) for _ in ran
 """
 
 OUR_SIDE = r"""
-import json, resource, sys
+import json, sys
 sys.path.insert(0, sys.argv[3])
 import torch
 from app.bench import run_dtype_comparison
 from app.engine.device import configure_cpu_threads
 configure_cpu_threads()
 row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]], decode_tokens=int(sys.argv[4]))[0]
-row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 print(json.dumps(row))
 """
 

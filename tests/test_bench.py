@@ -66,6 +66,35 @@ def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, mo
     assert row["decode_tokens_per_s"] > 0 and row["prefill_1024_s"] > 0.05  # not a cache hit
 
 
+@pytest.mark.slow
+def test_the_comparison_keeps_the_loads_peak_beside_the_running_one(embedded_model_path,
+                                                                    monkeypatch):
+    """Restarting the peak for the 'after loading' figure restarts getrusage's too: the
+    row's whole-process peak must still hold what the load briefly held."""
+    import app.bench as bench
+    import app.engine.device as device
+
+    if not bench.restart_peak_rss():
+        pytest.skip("this system cannot restart the peak resident memory")
+    real = device.load_on
+    load_peak, after_load = [], []
+
+    def load_with_a_transient(*args, **kwargs):  # as the policy check's weight copies do
+        block = torch.ones(2**30 // 4)  # 1 GB: more than the runs themselves hold
+        load_peak.append(bench.resident_mb())
+        del block
+        after_load.append(bench.resident_mb())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(device, "load_on", load_with_a_transient)
+    (row,) = bench.run_dtype_comparison(embedded_model_path, "cpu", ["float16"],
+                                        decode_tokens=2, tries=1)
+    assert row["peak_rss_mb"] >= load_peak[0] - 8  # (MB rounding)
+    # The restart left the load out, where the allocator handed the block back (see below).
+    if row["running_peak_rss_mb"] is not None and after_load[0] < load_peak[0] - 768:
+        assert row["running_peak_rss_mb"] < load_peak[0] - 256
+
+
 def test_the_peak_memory_restarts_without_what_came_before():
     """The comparison's 'peak after loading' leaves out the load's transient copies: after a
     restart the peak is what the process holds then, not an earlier, larger block's."""

@@ -489,7 +489,9 @@ class Engine:
         seconds = time.perf_counter() - started
         self.threads.after_pass(sum(len(c) for _, c in batch), seconds)
         prompt_tokens = sum(len(c) for r, c in batch if r.phase is Phase.PREFILL)
-        self.pacer.learn(seconds, prompt_tokens, paced, streaming=bool(decoding))
+        prompt_left = sum(r.prefill_remaining for r in prefilling) - prompt_tokens
+        self.pacer.learn(seconds, prompt_tokens, paced, streaming=bool(decoding),
+                         prompt_left=prompt_left)
         for (request, chunk), row in zip(batch, logits):
             request.written += len(chunk)
             if request.phase is Phase.PREFILL:

@@ -81,6 +81,43 @@ def test_a_slice_ends_when_no_prompt_needs_it():
     assert p.plan(streaming=True) == PassPlan(0)  # the next document waits its turn
 
 
+def slice_until_its_time_is_up(p: PrefillPacer, prompt_left: int) -> None:
+    """The 1.12 s slice of `pacer()` after 24 stream passes, in 0.28 s passes of 512 tokens,
+    with `prompt_left` tokens still unread after its last pass."""
+    stream_passes(p, 24)
+    for left in (3, 2, 1, 0):
+        assert p.plan(streaming=True) == PassPlan(512, decode=False)
+        p.learn(0.28, 512, 512, streaming=True, prompt_left=prompt_left + left * 512)
+
+
+def test_a_slice_runs_over_to_finish_a_prompt_that_needs_little_more():
+    """A last ~0.07 s of the document is read now, not after another phase of the streams."""
+    p = pacer()
+    slice_until_its_time_is_up(p, prompt_left=100)  # ~0.02 + 100 x 0.5 ms: within 0.38 s
+    assert p.plan(streaming=True) == PassPlan(512, decode=False)
+    p.learn(0.07, 100, 100, streaming=True, prompt_left=0)
+    assert p.plan(streaming=True) == PassPlan(0)  # and then the streams' turn
+
+
+def test_a_slice_does_not_run_over_for_a_long_remainder_or_past_max_slice_s():
+    p = pacer()
+    slice_until_its_time_is_up(p, prompt_left=2_000)  # ~1 s: more than half the slice
+    assert p.plan(streaming=True) == PassPlan(0)
+    p = pacer(max_slice_s=1.12)  # the slice is as long as it may be
+    slice_until_its_time_is_up(p, prompt_left=100)
+    assert p.plan(streaming=True) == PassPlan(0)
+
+
+def test_an_overrun_lasts_what_the_remainder_was_estimated_to_take():
+    """A prompt that arrives meanwhile (or a remainder slower than estimated) does not keep
+    the slice going: it waits for the next one."""
+    p = pacer()
+    slice_until_its_time_is_up(p, prompt_left=100)
+    assert p.plan(streaming=True) == PassPlan(512, decode=False)
+    p.learn(0.28, 512, 512, streaming=True, prompt_left=3_000)  # a new document rode along
+    assert p.plan(streaming=True) == PassPlan(0)
+
+
 def test_where_many_tokens_fit_every_pass_carries_a_steered_chunk():
     p = pacer(GPU_LIKE)  # 1.3 x 10 ms holds ~260 tokens at 0.05 ms
     assert p.mixes()

@@ -347,6 +347,25 @@ def test_long_prefill_takes_time_slices_where_chunks_are_dear(tiny):
     assert tokens_of(events) == alone
 
 
+def test_the_pacer_is_told_what_is_left_of_the_prompts_after_each_pass(tiny, monkeypatch):
+    """What lets a slice run on to finish a document (`PrefillPacer.learn`'s prompt_left)."""
+    engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
+                         slice_every=3, max_slice_s=1e-9)
+    told = []
+    real = engine.pacer.learn
+
+    def learn(seconds, prompt_tokens, paced_tokens, streaming, prompt_left=0):
+        told.append((prompt_tokens, prompt_left))
+        real(seconds, prompt_tokens, paced_tokens, streaming, prompt_left=prompt_left)
+
+    monkeypatch.setattr(engine.pacer, "learn", learn)
+    list(stream_beside_a_document(engine, doc_tokens=1500))
+    read = [(n, left) for n, left in told if n]
+    assert read[0] == (10, 0)  # the stream's own short prompt
+    # then the document in 24 passes of up to 64 tokens (one slice each)
+    assert read[1:] == [(min(64, 1500 - 64 * i), max(1500 - 64 * (i + 1), 0)) for i in range(24)]
+
+
 def test_a_document_aborted_in_its_slice_gives_the_streams_the_next_pass(tiny):
     engine = make_engine(tiny, prefill_chunk=64, min_interleave_chunk=8, interleave_ratio=1.0,
                          slice_every=2, max_slice_s=60.0)  # a slice would take the whole document

@@ -16,7 +16,7 @@ Figures (all on the same loaded model and engine):
   short_during_long_*       a 20-token request sent 1 s into a 12,000-token prefill (or the
                             context less a margin): its first token, and alone
   requests_8_*              8 requests of ~150 tokens sent at once: first and last first token
-  peak_memory_mb            the process's peak resident memory (and the GPU's, on CUDA)
+  peak_rss_mb, peak_gpu_mb  the process's peak resident memory, and the GPU's on CUDA
 
 Speed targets are checked here, never by timed assertions in tests.
 """

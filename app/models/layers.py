@@ -235,13 +235,10 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False)
     against 76 ms upcasting the weight to float32 first), so past a few rows a float16
     weight is upcast instead.
     """
-    if isinstance(w, QuantizedWeight):
-        if w.wide is None or x.numel() // x.shape[-1] <= w.narrow_rows_max:
-            return int4_linear(x, w, promotes)
-        w, transposed = w.wide, False  # many rows: its float copy [out, in], as any float weight
-    if isinstance(w, DualWeight):  # both copies are [out, in], whatever the format's layout
-        w = w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
-        transposed = False
+    if isinstance(w, QuantizedWeight) and on_planes(x, w):
+        return int4_linear(x, w, promotes)
+    if not isinstance(w, torch.Tensor):  # a float copy, [out, in] whatever the format's layout
+        w, transposed = float_weight(x, w), False
     if x.dtype != w.dtype:
         rows = x.numel() // x.shape[-1]
         if w.dtype == torch.float16 and w.device.type == "cpu" and rows > _HALF_ROWS_MAX:
@@ -253,15 +250,36 @@ def linear(x: torch.Tensor, w: Weight, transposed: bool, promotes: bool = False)
 def linear_from(x: torch.Tensor, w: Weight, transposed: bool, act_dtype: torch.dtype,
                 promotes: bool = False) -> torch.Tensor:
     """`linear` for an input that may be narrower than the activations (`act_dtype`): a
-    4-bit product's bfloat16 output, or attention's in the KV cache's dtype. A quantized
-    weight takes it as it is (its kernel wants that dtype: no conversion there and back, two
-    dispatches a product a decode step); a float weight's product would come back in the
-    narrow dtype, so it gets the input in `act_dtype`. The result is in `act_dtype` unless
-    `promotes` (see `linear`)."""
-    if x.dtype != act_dtype and not isinstance(w, QuantizedWeight):
+    4-bit product's bfloat16 output, or attention's in the KV cache's dtype. A product on
+    4-bit planes takes it as it is (its kernel wants that dtype: no conversion there and
+    back, two dispatches a product a decode step), and so does a float weight of x's own
+    dtype. Any other float weight (a 4-bit weight's float copy for a prefill chunk too)
+    gets the input in `act_dtype`: otherwise its product would run, and come back, in the
+    narrow dtype, and a float16 copy would be rounded to bfloat16 for it -- the slow
+    bfloat16 matrix product on CPUs without AVX-512-BF16 (Gemma 3 270M's attention output
+    products took 720 of a 1,024-token prefill's 2,190 ms on the AVX2 kernels). The result
+    is in `act_dtype` unless `promotes` (see `linear`)."""
+    if x.dtype != act_dtype and not on_planes(x, w) and x.dtype != float_weight(x, w).dtype:
         x = x.to(act_dtype)
     y = linear(x, w, transposed, promotes)
     return y if promotes or y.dtype == act_dtype else y.to(act_dtype)
+
+
+def on_planes(x: torch.Tensor, w: Weight) -> bool:
+    """Whether `linear` multiplies x by a 4-bit weight's packed planes, rather than by a
+    float (a float weight, or a 4-bit weight's float copy for a product of many rows)."""
+    return isinstance(w, QuantizedWeight) and (
+        w.wide is None or x.numel() // x.shape[-1] <= w.narrow_rows_max)
+
+
+def float_weight(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """The float tensor `linear` multiplies x by when not on 4-bit planes: a float weight
+    itself, a `DualWeight`'s copy for x's row count, a 4-bit weight's float copy."""
+    if isinstance(w, QuantizedWeight):
+        return w.wide
+    if isinstance(w, DualWeight):
+        return w.narrow if x.numel() // x.shape[-1] <= _DUAL_NARROW_ROWS_MAX else w.wide
+    return w
 
 
 def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weight]] | None:

@@ -190,6 +190,35 @@ def test_a_float16_wide_copy_multiplies_many_rows_in_float32():
     assert torch.equal(linear(x, qw, False), torch.nn.functional.linear(x, qw.wide.float()))
 
 
+@pytest.mark.parametrize("wide", [torch.float16, torch.float32])
+def test_a_bfloat16_input_meets_a_float_copy_in_the_activations_dtype(wide):
+    """Attention's output in a bfloat16 KV cache, in a prefill chunk: the weight's float
+    copy multiplies it in float32, as it does any activation -- not a bfloat16 product of a
+    weight rounded to bfloat16 (slow without AVX-512-BF16, and coarser)."""
+    from app.models.layers import linear_from
+
+    raw = random_blocks(T.Q4_1, seed=8)
+    qw = WeightFormat(torch.float16, False, None, True, torch.bfloat16, wide).prepare(raw)
+    x = torch.randn(16, K, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    got = linear_from(x, qw, False, torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.nn.functional.linear(x.float(), qw.wide.float()))
+    # A few rows stay on the 4-bit planes, which take bfloat16 as it is.
+    assert torch.equal(linear_from(x[:2], qw, False, torch.float32), linear(x[:2], qw, False).float())
+
+
+def test_a_bfloat16_input_meets_a_bfloat16_copy_as_it_is():
+    """Where the policy chose a bfloat16 prefill copy, a bfloat16 input goes in unchanged
+    (the same values as through float32 and back, two conversions fewer)."""
+    from app.models.layers import linear_from
+
+    raw = random_blocks(T.Q4_1, seed=9)
+    qw = WeightFormat(torch.float16, False, None, True, torch.bfloat16, torch.bfloat16).prepare(raw)
+    x = torch.randn(16, K, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, qw.wide).float()
+    assert torch.equal(linear_from(x, qw, False, torch.float32), want)
+
+
 def test_a_tied_embedding_gathers_exact_float32_rows():
     raw = random_blocks(T.Q8_0, seed=7)
     fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16)

@@ -16,6 +16,17 @@ faster. The CPU capability torch reports is printed first: the figures only mean
 with it. An `auto` row says what the measured CPU policy chose, why, and whether that choice
 was measured or its cached entry checked in this run ("policy measured now", "policy cached,
 checked now", ...). Without --llama-python (or if it cannot import llama_cpp) only our side runs.
+
+An AVX-512 machine can stand in for an AVX2-only CPU (the class issue 9 was filed on; its
+caches and memory stay this machine's): llama.cpp built without AVX-512 in a venv of its own,
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF" \
+        /work/llama-avx2/bin/pip install --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
+
+and our side on torch's AVX2 kernels, with oneDNN and MKL held to AVX2 as well:
+
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        .venv/bin/python scripts/compare_with_llama_cpp.py --llama-python /work/llama-avx2/bin/python
 """
 
 from __future__ import annotations

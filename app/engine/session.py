@@ -28,6 +28,7 @@ from app.engine.engine import Engine, EngineConfig
 from app.engine.kv_disk import open_store
 from app.engine.runner import EngineRunner, Listener
 from app.engine.sampling import SamplingParams
+from app.openmp import run_on_passing_thread
 from app.models.chat_template import Message, encode_chat
 
 
@@ -87,19 +88,23 @@ class ModelSession:
              progress: Callable[[str], None] | None = None, tune: bool = True) -> ModelInfo:
         """Blocking: run it off the GUI thread. Raises ModelError / DeviceError clearly.
         `progress` hears what the load is doing, as a sentence for the status bar (on this
-        thread). `tune`: measure the CPU policy in the background afterwards (unless the
+        thread, or on the passing thread the load's torch work runs on: it must be
+        thread-safe, as a Qt signal's emit is). `tune`: measure the CPU policy in the background afterwards (unless the
         environment sets FERROX_POLICY_TUNING=0, as the test suite does)."""
         say = progress or (lambda message: None)
         with self._lock:
             self._unload_locked()
             name = Path(path).name
             say(f"Loading {name}…")
-            loaded = load_on(path, device, dtype, measure=False,
-                             progress=lambda f: say(f"Loading {name}… {f:.0%}"))
+            # Torch work on a thread that ends with it (app/openmp.py): the loading thread's
+            # OpenMP helpers would otherwise halve the engine thread's decode speed.
+            loaded = run_on_passing_thread(load_on, path, device, dtype, measure=False,
+                                           progress=lambda f: say(f"Loading {name}… {f:.0%}"))
             self.engine_config = engine_config or self.engine_config
             self._loaded = loaded
             say(f"Starting {name}…")
-            self._runner = EngineRunner(Engine(loaded, self.engine_config, self._store_for(loaded)))
+            engine = run_on_passing_thread(Engine, loaded, self.engine_config, self._store_for(loaded))
+            self._runner = EngineRunner(engine)
             plan = loaded.load_plan
             if (tune and plan is not None and plan.shapes is not None
                     and os.environ.get("FERROX_POLICY_TUNING", "1") != "0"):
@@ -226,7 +231,8 @@ class _PolicyTuner:
             for _ in range(self.ATTEMPTS):
                 if not self._wait_idle():
                     return
-                policy = tune(plan.shapes, data_dir(), self._busy)
+                # (each attempt's torch work on a thread of its own: app/openmp.py)
+                policy = run_on_passing_thread(tune, plan.shapes, data_dir(), self._busy)
                 if policy is not None:
                     break
             else:
@@ -236,7 +242,8 @@ class _PolicyTuner:
                     == (plan.dtype, plan.wide_dtype, plan.int4, plan.kv_dtype)):
                 self.loaded.policy_label, self.loaded.policy_reason = new_plan.label, new_plan.reason
             else:
-                fresh = load_planned(self.loaded.path, self.loaded.device, new_plan)
+                fresh = run_on_passing_thread(load_planned, self.loaded.path, self.loaded.device,
+                                              new_plan)
                 if self._stop.is_set():
                     return
                 handled = self.engine.replacements_handled

@@ -59,18 +59,21 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
     from app.cli import resolve_model_path
     from app.engine.device import load_on
     from app.engine.engine import Engine
+    from app.openmp import run_on_passing_thread
     from app.server.api import create_app
 
     sock = listen(host, port)
     try:
-        loaded = load_on(resolve_model_path(model, data_dir), device, dtype)
+        # Torch work on threads that end with it, so the engine thread's OpenMP helpers
+        # keep spinning (app/openmp.py).
+        loaded = run_on_passing_thread(load_on, resolve_model_path(model, data_dir), device, dtype)
         store = None
         if kv_dir is not None:  # the prefix cache on disk, shared with the app if pointed there
             from app.engine.engine import EngineConfig
             from app.engine.kv_disk import open_store
 
             store = open_store(Path(kv_dir), loaded, EngineConfig().page_size)
-        runner = EngineRunner(Engine(loaded, kv_store=store))
+        runner = EngineRunner(run_on_passing_thread(Engine, loaded, kv_store=store))
     except BaseException:
         sock.close()
         raise

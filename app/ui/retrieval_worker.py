@@ -2,10 +2,11 @@
 cancel) and retrieving passages for a question, both off the GUI thread.
 
 Its own QThread, not the engine bridge's: indexing a long document takes tens of seconds
-and must not hold up loading a model or tokenizing a prompt. The sentence encoder is loaded
-once, on first use, in this thread; the index database is opened per job (SQLite
-connections belong to one thread, and opening costs well under a millisecond), so nothing
-needs closing on this thread at shutdown. Signals carry plain data: strings, ints and
+and must not hold up loading a model or tokenizing a prompt. Each job runs on a thread of
+its own that this one waits for (torch's OpenMP helpers end with it: app/openmp.py); the
+sentence encoder is loaded once, by the first job that needs it, and the index database is
+opened per job (SQLite connections belong to one thread, and opening costs well under a
+millisecond), so nothing needs closing on this thread at shutdown. Signals carry plain data: strings, ints and
 frozen `Retrieved` records.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from app.documents import DocumentError
 from app.models.errors import ModelError
+from app.openmp import run_on_passing_thread
 from app.retrieval.ask import INDEX_FILE
 from app.retrieval.index import IndexCancelled
 from app.retrieval.library import ENCODER_ID, DocumentLibrary, file_sha256
@@ -93,8 +95,19 @@ class RetrievalWorker(QObject):
     def _library(self) -> DocumentLibrary:
         return DocumentLibrary(self.index_path, self.models_dir, encoder_factory=self._shared_encoder)
 
+    # Each job runs on a thread that ends with it (app/openmp.py): the encoder's torch work
+    # would otherwise leave this thread an OpenMP pool that halves the engine's decode speed.
+    # The job opens and closes its own index database there, as SQLite wants.
+
     @Slot(str, str)
     def _do_index(self, key: str, path: str) -> None:
+        run_on_passing_thread(self._index_job, key, path, name="ferrox-indexing")
+
+    @Slot(str, str, object, int)
+    def _do_retrieve(self, job: str, question: str, sources: list, k: int) -> None:
+        run_on_passing_thread(self._retrieve_job, job, question, sources, k, name="ferrox-retrieval")
+
+    def _index_job(self, key: str, path: str) -> None:
         cancel = self._cancels.get(key) or threading.Event()
         library = None
         try:
@@ -125,8 +138,7 @@ class RetrievalWorker(QObject):
                 library.close()
         self.indexed.emit(key, sha, int(passages))
 
-    @Slot(str, str, object, int)
-    def _do_retrieve(self, job: str, question: str, sources: list, k: int) -> None:
+    def _retrieve_job(self, job: str, question: str, sources: list, k: int) -> None:
         library = None
         try:
             library = self._library()

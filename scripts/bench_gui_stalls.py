@@ -5,7 +5,7 @@ Headless (QT_QPA_PLATFORM=offscreen), the real main window on the real default b
 thread records the gap between its ticks: a gap over 10 ms is time the GUI thread spent on
 something else (or waited for the GIL). Four scenarios:
 
-  a  one chat streams (the send included)
+  a  one chat streams (the send included); its reply's tok/s is printed too
   b  two chats stream while a ~3,000-token document is dropped on a third chat, counted and
      prefilled (sends, chat switches and the drop included)
   c  a 200-message chat is opened (seeded in SQLite through app.storage)
@@ -379,7 +379,7 @@ class Bench:
         self.idle_all()
         beat.phase = "after"
         idle(0.3)
-        return {"tokens": self._reply_tokens(chat)}
+        return {"tokens": self._reply_tokens(chat), "tok/s": self._reply_rate(chat)}
 
     def scenario_b(self, beat: Heartbeat):
         c = self.controller
@@ -455,6 +455,13 @@ class Bench:
     def _reply_tokens(self, chat_id: int) -> int:
         last = self.controller.store.active_path(chat_id)[-1]
         return (last.metadata or {}).get("completion_tokens", 0)
+
+    def _reply_rate(self, chat_id: int) -> float:
+        """The reply's decode rate as the window shows it: with the GUI, the bridge and the
+        engine on their own threads, to hold beside `bench`'s decode figure (one thread
+        drives everything there). Until 2026-12-05 it was half of it: app/openmp.py."""
+        last = self.controller.store.active_path(chat_id)[-1]
+        return (last.metadata or {}).get("tokens_per_s", 0.0)
 
     def run(self) -> None:
         only = set(self.args.only.split(","))

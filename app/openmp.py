@@ -27,7 +27,8 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def run_on_passing_thread(fn: Callable[..., T], *args, name: str = "ferrox-torch-work", **kwargs) -> T:
+def run_on_passing_thread(fn: Callable[..., T], *args, name: str = "ferrox-torch-work",
+                          **kwargs) -> T:
     """fn(*args, **kwargs) on a new thread that ends when it returns; blocks until then and
     returns its result, or raises what it raised (with its traceback)."""
     result: list = []

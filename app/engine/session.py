@@ -28,8 +28,8 @@ from app.engine.engine import Engine, EngineConfig
 from app.engine.kv_disk import open_store
 from app.engine.runner import EngineRunner, Listener
 from app.engine.sampling import SamplingParams
-from app.openmp import run_on_passing_thread
 from app.models.chat_template import Message, encode_chat
+from app.openmp import run_on_passing_thread
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,9 @@ class ModelSession:
         """Blocking: run it off the GUI thread. Raises ModelError / DeviceError clearly.
         `progress` hears what the load is doing, as a sentence for the status bar (on this
         thread, or on the passing thread the load's torch work runs on: it must be
-        thread-safe, as a Qt signal's emit is). `tune`: measure the CPU policy in the background afterwards (unless the
-        environment sets FERROX_POLICY_TUNING=0, as the test suite does)."""
+        thread-safe, as a Qt signal's emit is). `tune`: measure the CPU policy in the
+        background afterwards (unless the environment sets FERROX_POLICY_TUNING=0, as the
+        test suite does)."""
         say = progress or (lambda message: None)
         with self._lock:
             self._unload_locked()
@@ -103,7 +104,8 @@ class ModelSession:
             self.engine_config = engine_config or self.engine_config
             self._loaded = loaded
             say(f"Starting {name}…")
-            engine = run_on_passing_thread(Engine, loaded, self.engine_config, self._store_for(loaded))
+            engine = run_on_passing_thread(Engine, loaded, self.engine_config,
+                                           self._store_for(loaded))
             self._runner = EngineRunner(engine)
             plan = loaded.load_plan
             if (tune and plan is not None and plan.shapes is not None

@@ -6,8 +6,8 @@ and must not hold up loading a model or tokenizing a prompt. Each job runs on a 
 its own that this one waits for (torch's OpenMP helpers end with it: app/openmp.py); the
 sentence encoder is loaded once, by the first job that needs it, and the index database is
 opened per job (SQLite connections belong to one thread, and opening costs well under a
-millisecond), so nothing needs closing on this thread at shutdown. Signals carry plain data: strings, ints and
-frozen `Retrieved` records.
+millisecond), so nothing needs closing on this thread at shutdown. Signals carry plain
+data: strings, ints and frozen `Retrieved` records.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class RetrievalWorker(QObject):
 
     @Slot(str, str, object, int)
     def _do_retrieve(self, job: str, question: str, sources: list, k: int) -> None:
-        run_on_passing_thread(self._retrieve_job, job, question, sources, k, name="ferrox-retrieval")
+        run_on_passing_thread(self._retrieve_job, job, question, sources, k,
+                              name="ferrox-retrieval")
 
     def _index_job(self, key: str, path: str) -> None:
         cancel = self._cancels.get(key) or threading.Event()

@@ -14,8 +14,8 @@ SmolLM2 135M on a 2-core AVX-512 Xeon took 25-28 ms a step on the engine's threa
 So torch work off the engine's thread (a load, the engine's warm-up, the policy measurement,
 document search's encoder) runs on a thread that ends when the work does
 (`run_on_passing_thread`): its pool goes with it, and the engine's helpers keep spinning.
-Other OpenMP runtimes (LLVM's libomp on macOS) share one pool per process; there the extra
-thread only costs its start (~0.1 ms).
+Other OpenMP runtimes (LLVM's libomp on macOS, Windows') manage their helpers otherwise;
+there the extra thread costs only its start (~0.1 ms).
 """
 
 from __future__ import annotations

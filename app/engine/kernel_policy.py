@@ -1085,8 +1085,9 @@ def policy_for(shapes: ModelShapes, cache_dir: Path) -> Policy:
 
 # ---- a model file's shapes -----------------------------------------------------------------
 
-_SHAPES_VERSION = 5  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
-#                     4: screened heads are one plane; 5: Q2_K/Q3_K/Q6_K are two planes)
+_SHAPES_VERSION = 6  # of the "files" section's entries (2: joined products, planes per weight; 3: kv;
+#                     4: screened heads are one plane; 5: Q2_K/Q3_K/Q6_K are two planes;
+#                     6: heads screened from 32,768 tokens)
 
 
 def shapes_for(path: Path, cache_dir: Path) -> ModelShapes | None:
@@ -1136,8 +1137,9 @@ def _dims(text: str, count: int) -> tuple[int, ...]:
 
 def _head_planes(ggml_type, rows: int) -> int:
     """The same for the output projection of `rows` tokens: a screened one is one plane
-    (`quantized.screens`; its ~1,024 rescored rows a step, 0.6-1.0 ms on a 2-core CPU, are
-    not timed: the same for every 4-bit kind, and small beside what the screen saves)."""
+    (`quantized.screens`; its rescored rows, up to ~1,024 a step and 0.6-1.0 ms on a 2-core
+    CPU, are not timed: the same for every 4-bit kind, and small beside what the screen
+    saves)."""
     return 1 if screens(ggml_type, rows) else kernel_planes(ggml_type)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.models.quantized import (EXACT_TOP, Int4Codes, QuantizedWeight, RawTensor,
+from app.models.quantized import (Int4Codes, QuantizedWeight, RawTensor, exact_top,
                                   int4_kernel_available, int4_linear, kernel_planes, pack_raw,
                                   screen_raw, screens)
 
@@ -397,7 +397,7 @@ class WeightFormat:
             rows = RawTensor(w.data.clone(), w.ggml_type, w.shape)
             return QuantizedWeight(screen_raw(w, self.int4_act_dtype), w.shape[0], w.shape[1],
                                    self.int4_act_dtype, narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=rows,
-                                   exact_top=EXACT_TOP)
+                                   exact_top=exact_top(w.shape[0]))
         many_rows = not output
         if isinstance(w, RawTensor):
             codes = pack_raw(w, self.int4_act_dtype) if self.int4 else None

@@ -36,8 +36,9 @@ The output projection is the exception (`screen_raw`): a step reads the whole of
 handful of logits that matter, so when its blocks are not one 4-bit plane already (a tied
 Q8_0 embedding: two planes, ~210 MB a token for Gemma 3's 262,144 rows) and its vocabulary
 is large (`SCREEN_MIN_ROWS`), it is held as a re-quantized one-plane screen plus its raw
-blocks. The screen ranks every token; about the `exact_top` best of each row are recomputed
-from the blocks in float32 (`_rescored`), so every greedy token is the exact head's. Only
+blocks. The screen ranks every token; about the `exact_top` best of each row (one in 128 of
+the vocabulary, at most 1,024) are recomputed from the blocks in float32 (`_rescored`), so
+every greedy token is the exact head's. Only
 tokens the screen ranks below those keep a 4-bit logit: measured on Gemma 3 270M (CPython's
 LICENSE, 3,438 tokens), the model's mean NLL over float32 is +0.122% with ~1,024 rescored
 (+0.108% with the exact two-plane head; +0.200% with 512, +0.391% with 256; the screen
@@ -71,13 +72,25 @@ RESIDUAL_TYPES = frozenset({T.Q2_K, T.Q3_K, T.Q6_K})
 # Output projections stored in these are screened (see the module docstring): every block type
 # `dequantize` reads with its torch kernels except the one-plane ones and plain floats.
 SCREENED_TYPES = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0, T.Q2_K, T.Q3_K, T.Q6_K})
-# About how many logits per row are recomputed exactly behind a screen.
+# About how many logits per row are recomputed exactly behind a screen (`exact_top`): one in
+# RESCORED_SHARE of the vocabulary, at most EXACT_TOP. Measured over 3,768 tokens of CPython's
+# LICENSE (`scripts/measure_weight_quality.py`, `auto`), the mean NLL against float32 and the
+# mean KL divergence from it: SmolLM2 (49,152 tokens) with its exact two-plane head -0.131%,
+# KL 0.00109 (its greedy tokens left float32's on both reference prompts); rescoring 1,024 /
+# 512 / 384 / 256 / 128: -0.103 / -0.030 / -0.022 / -0.001 / +0.325%, KL 0.00065 / 0.00079 /
+# 0.00086 / 0.00107 / 0.00503, greedy tokens float32's on both prompts. Gemma 3 (262,144):
+# +0.122% with 1,024, +0.391% with 256. (The rescored logits are float32 products, the
+# two-plane head's take bfloat16 activations: so the screen can score closer to float32.)
 EXACT_TOP = 1024
+RESCORED_SHARE = 128
 # The screen saves half a two-plane head's bytes every step, while rescoring costs each row
-# of logits the same ~1,024 rows of weights: it pays for large vocabularies only. Measured on
-# a 2-core AMX Xeon, the head's time for 1 / 4 rows of logits: Gemma 3's 262,144 x 640
-# 13.3 -> 8.0 / 24.0 -> 17.8 ms; SmolLM2's 49,152 x 576 1.71 -> 1.69 / 3.1 -> 5.2 ms.
-SCREEN_MIN_ROWS = 65536
+# of logits its candidates' weight rows: it pays once the head is large. Measured on a
+# 2-core AMX Xeon inside SmolLM2's decode step (the head's weights come from memory there,
+# evicted by the layers': timed alone it takes ~1.7 ms, in the step ~2.7), the step with 1 /
+# 4 rows of logits: two planes 13.20 / 20.86 ms, screened with 1,024 rescored 12.84 / 21.42,
+# with 384 12.36 / 19.81 (medians of 8); on torch's AVX2 kernels 15.26 / 28.13 against
+# 14.33 / 26.09 with 384. Gemma 3's 262,144 x 640 head alone: 13.3 -> 8.0 / 24.0 -> 17.8 ms.
+SCREEN_MIN_ROWS = 32768
 assert SCREENED_TYPES | RESIDUAL_TYPES <= native_types(), "dequantized by the torch kernels"
 # Rows of logits rescored at a time: bounds the gathered weights when a caller asks for many
 # rows (the quality script's 256); a batch of streams is one.
@@ -332,6 +345,12 @@ def quantize_int4(w: torch.Tensor) -> Int4Form:
 def screens(ggml_type, rows: int) -> bool:
     """Whether an output projection of `rows` tokens stored as `ggml_type` is screened."""
     return ggml_type in SCREENED_TYPES and rows >= SCREEN_MIN_ROWS
+
+
+def exact_top(rows: int) -> int:
+    """About how many of each row's logits a screened output projection of `rows` tokens
+    recomputes exactly (see RESCORED_SHARE)."""
+    return max(1, min(EXACT_TOP, rows // RESCORED_SHARE))
 
 
 def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:

@@ -26,9 +26,10 @@ from gguf.constants import GGMLQuantizationType
 from app.models.layers import DualWeight, WeightFormat
 from app.models.quantized import Int4Codes, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 6  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
+LAYOUT_VERSION = 7  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
 #                   4: only from SCREEN_MIN_ROWS tokens; 5: Q2_K/Q3_K/Q6_K as two planes;
-#                   6: two planes packed side by side, one product
+#                   6: two planes packed side by side, one product; 7: screened from 32,768
+#                   tokens, one in 128 of them rescored
 # Entries written before `.source` files existed name no model file: deleted once this old
 # (by modification time) unless a load uses them first (which writes their `.source`).
 UNNAMED_ENTRY_MAX_AGE_S = 30 * 24 * 3600

@@ -251,10 +251,12 @@ INT4_BF16 = WeightFormat(torch.float16, False, None, True, torch.bfloat16)
 
 @pytest.fixture
 def small_heads_screened(monkeypatch):
-    """Screen these tests' small vocabularies (real ones are screened from SCREEN_MIN_ROWS)."""
+    """Screen these tests' small vocabularies (real ones are screened from SCREEN_MIN_ROWS),
+    rescoring EXACT_TOP of each row's logits, as a large vocabulary's screen does."""
     import app.models.quantized as quantized
 
     monkeypatch.setattr(quantized, "SCREEN_MIN_ROWS", 1)
+    monkeypatch.setattr(quantized, "RESCORED_SHARE", VOCAB // EXACT_TOP)
 
 
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q5_1, T.Q6_K])
@@ -335,15 +337,28 @@ def test_one_plane_heads_and_small_vocabularies_are_not_screened():
     assert head.exact_top == 0 and head.codes.planes == 2  # approximated, as any Q6_K weight
     assert INT4_BF16.wants_raw(T.Q6_K, output_rows=VOCAB)
     assert screens(T.Q8_0, 262144) and screens(T.Q6_K, 128256) and not screens(T.Q4_K, 262144)
+    assert screens(T.Q8_0, 49152) and not screens(T.Q8_0, 32000)
+
+
+def test_a_screen_rescores_a_share_of_its_vocabulary_up_to_a_bound():
+    from app.models.quantized import exact_top
+
+    # Gemma 3's vocabulary: the bound; Llama 3's, SmolLM2's: one token in 128.
+    assert exact_top(262144) == EXACT_TOP == 1024 and exact_top(10 ** 6) == EXACT_TOP
+    assert exact_top(128256) == 1002 and exact_top(49152) == 384 and exact_top(32768) == 256
 
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0])
-def test_an_untied_quantized_head_is_screened_by_the_loader(tmp_path, qtype, small_heads_screened):
+def test_an_untied_quantized_head_is_screened_by_the_loader(tmp_path, qtype, small_heads_screened,
+                                                           monkeypatch):
     """A Llama-shaped file whose weights are all `qtype` blocks, loaded with float32 activations
     (the two-plane layers then multiply by the blocks exactly): the untied head arrives as raw
-    blocks and is screened, and the logits are the float32 load's (a small vocabulary is
-    rescored whole)."""
+    blocks and is screened, and the logits are the float32 load's (its small vocabulary
+    rescored whole here)."""
+    import app.models.quantized as quantized
     from app.models.gguf_file import GGUFFile
+
+    monkeypatch.setattr(quantized, "RESCORED_SHARE", 1)
     from tests.gguf_factory import write_gguf
     from tests.models.tiny_models import make_tiny_model
 

@@ -3,8 +3,10 @@
 Turning GGUF blocks into what the model multiplies by (4-bit planes, float16/bfloat16
 copies) is most of a load's time; the result depends only on the file and the weight format.
 So after the first load the prepared slots are written to one file in the data folder, and
-later loads map that file (`torch.load(mmap=True)`): the pages are read as the model touches
-them, shared with the OS page cache. The file's name carries a hash of everything the
+every load, that first one included, maps that file (`torch.load(mmap=True)`): the pages are
+read as the model touches them, shared with the OS page cache. (The first load then lets its
+built tensors go: they held Gemma 3 270M's first session at 919 MB resident against 373, and
+its decode ~5% slower than later sessions', measured side by side.) The file's name carries a hash of everything the
 result depends on (the model file's path, size and modification time, the format, the torch
 version, this module's layout version); only the newest entry per model file is kept, and an
 unreadable entry is deleted and rebuilt. Beside each model file's entry a small text file
@@ -63,9 +65,10 @@ class WeightCache:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def store(self, model) -> None:
+    def store(self, model) -> bool:
         """Save every slot of a loaded model; older entries for the same file are deleted.
-        A failure to write (full disk, read-only folder) only costs the next load's time."""
+        False when it could not be written (full disk, read-only folder): that only costs
+        the next load's time."""
         tensors: dict[str, torch.Tensor] = {}
         spec: dict[str, dict] = {}
         for slot in model.slot_shapes():
@@ -76,13 +79,17 @@ class WeightCache:
             torch.save({"spec": spec, "tensors": tensors}, tmp)
             os.replace(tmp, self.path)
         except OSError:
-            tmp.unlink(missing_ok=True)
-            return
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # e.g. the folder is a file: there is no temporary file either
+                pass
+            return False
         for old in self.folder.glob(f"{self.prefix}-*.pt"):
             if old != self.path:
                 old.unlink(missing_ok=True)
         self._name_source()
         prune(self.folder)
+        return True
 
     def _name_source(self) -> None:
         try:
@@ -108,7 +115,10 @@ class WeightCache:
                 setattr(owner, name, _rebuild(description, tensors))
             model.finish_loading()
         except Exception:  # any damage: a torn file, a foreign layout; rebuild from the model file
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:  # a read-only folder: the store after the rebuild fails quietly too
+                pass
             return False
         self._name_source()
         prune(self.folder)

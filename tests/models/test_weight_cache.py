@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -48,6 +50,43 @@ def test_a_cached_model_equals_a_fresh_one_and_damage_rebuilds(embedded_model_pa
     rebuilt = _load(embedded_model_path, cache)
     assert torch.equal(_logits(rebuilt), expected)
     assert len(list(cache.glob("*.pt"))) == 1 and entries[0].stat().st_size > 1000  # rewritten
+
+
+def _mapped_from(path) -> list[tuple[int, int]]:
+    """The address ranges of this process mapped from `path` (Linux's /proc/self/maps)."""
+    ranges = []
+    for line in open("/proc/self/maps", encoding="utf-8"):
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].strip() == str(path):
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_the_first_load_runs_on_the_saved_file_too(embedded_model_path, tmp_path):
+    """The load that builds the weights saves them and then runs on the saved file, mapped,
+    as later loads do, not on the tensors it built (which would stay resident beside it)."""
+    cache = tmp_path / "weights"
+    first = _load(embedded_model_path, cache)
+    entry, = cache.glob("*.pt")
+    ranges = _mapped_from(entry.resolve())
+    assert ranges
+    weights = [first.model.layers[0].o.codes.packed, first.model.layers[-1].down.codes.packed,
+               first.model.output_norm]
+    for tensor in weights:
+        address = tensor.data_ptr()
+        assert any(start <= address < end for start, end in ranges)
+
+
+@pytest.mark.slow
+def test_a_first_load_that_cannot_save_runs_on_what_it_built(embedded_model_path, tmp_path):
+    blocked = tmp_path / "weights"
+    blocked.write_text("a file where the folder would be")  # nothing can be written there
+    loaded = _load(embedded_model_path, blocked)
+    assert isinstance(loaded.model.layers[0].o, QuantizedWeight)
+    assert loaded.model.embedding.rows is not None
 
 
 @pytest.mark.slow

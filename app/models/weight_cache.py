@@ -1,18 +1,19 @@
-"""A model's prepared weights saved once, memory-mapped on every later load.
+"""A model's prepared weights saved once and memory-mapped by every load.
 
 Turning GGUF blocks into what the model multiplies by (4-bit planes, float16/bfloat16
 copies) is most of a load's time; the result depends only on the file and the weight format.
 So after the first load the prepared slots are written to one file in the data folder, and
 every load, that first one included, maps that file (`torch.load(mmap=True)`): the pages are
 read as the model touches them, shared with the OS page cache. (The first load then lets its
-built tensors go: they held Gemma 3 270M's first session at 919 MB resident against 373, and
-its decode ~5% slower than later sessions', measured side by side.) The file's name carries a hash of everything the
-result depends on (the model file's path, size and modification time, the format, the torch
-version, this module's layout version); only the newest entry per model file is kept, and an
-unreadable entry is deleted and rebuilt. Beside each model file's entry a small text file
-(`<prefix>.source`) names the model file; an entry whose model file is gone (deleted, moved,
-a temporary copy) is deleted at the next store or restore, so the folder never keeps
-hundreds of MB for models the person no longer has.
+built tensors go: they held Gemma 3 270M's first session at 919 MB resident after loading
+against 373 mapped, and its decode ~5% slower than later sessions', measured side by side.)
+The file's name carries a hash of everything the result depends on (the model file's path,
+size and modification time, the format, the torch version, this module's layout version);
+only the newest entry per model file is kept (on Windows an older one a running model still
+maps stays until the next load), and an unreadable entry is deleted and rebuilt. Beside
+each model file's entry a small text file (`<prefix>.source`) names the model file; an entry
+whose model file is gone (deleted, moved, a temporary copy) is deleted at the next store or
+restore, so the folder never keeps hundreds of MB for models the person no longer has.
 """
 
 from __future__ import annotations
@@ -84,12 +85,19 @@ class WeightCache:
             except OSError:  # e.g. the folder is a file: there is no temporary file either
                 pass
             return False
-        for old in self.folder.glob(f"{self.prefix}-*.pt"):
-            if old != self.path:
-                old.unlink(missing_ok=True)
+        self._drop_older()
         self._name_source()
         prune(self.folder)
         return True
+
+    def _drop_older(self) -> None:
+        """Delete this model file's other entries (other formats, older layouts)."""
+        for old in self.folder.glob(f"{self.prefix}-*.pt"):
+            if old != self.path:
+                try:
+                    old.unlink(missing_ok=True)
+                except OSError:  # Windows cannot delete a file a running model maps: the next
+                    pass  # store or restore for this model file does
 
     def _name_source(self) -> None:
         try:
@@ -120,6 +128,7 @@ class WeightCache:
             except OSError:  # a read-only folder: the store after the rebuild fails quietly too
                 pass
             return False
+        self._drop_older()
         self._name_source()
         prune(self.folder)
         return True

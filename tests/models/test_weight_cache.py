@@ -101,6 +101,33 @@ def test_another_format_replaces_the_entry(embedded_model_path, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_old_entry_that_cannot_be_deleted_does_not_fail_the_load(embedded_model_path, tmp_path,
+                                                                    monkeypatch):
+    """Windows refuses to delete a file that is mapped, as the running model maps its entry
+    when a measured policy prepares the weights in another format."""
+    import pathlib
+
+    cache = tmp_path / "weights"
+    _load(embedded_model_path, cache)
+    mapped, = cache.glob("*.pt")
+    unlink = pathlib.Path.unlink
+
+    def refuse(self, missing_ok=False):
+        if self == mapped:
+            raise PermissionError(13, "The process cannot access the file", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(pathlib.Path, "unlink", refuse)
+    other = load_model(embedded_model_path, torch.device("cpu"), torch.bfloat16, torch.float32,
+                       weight_cache_dir=cache)
+    assert other.model is not None and len(list(cache.glob("*.pt"))) == 2
+    monkeypatch.undo()  # the next load, with the old entry no longer mapped, deletes it
+    load_model(embedded_model_path, torch.device("cpu"), torch.bfloat16, torch.float32,
+               weight_cache_dir=cache)
+    assert not mapped.exists() and len(list(cache.glob("*.pt"))) == 1
+
+
+@pytest.mark.slow
 def test_the_entry_of_a_model_file_that_is_gone_is_deleted(embedded_model_path, tmp_path):
     import shutil
 

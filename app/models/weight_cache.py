@@ -18,6 +18,7 @@ restore, so the folder never keeps hundreds of MB for models the person no longe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -80,10 +81,7 @@ class WeightCache:
             torch.save({"spec": spec, "tensors": tensors}, tmp)
             os.replace(tmp, self.path)
         except OSError:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:  # e.g. the folder is a file: there is no temporary file either
-                pass
+            _remove(tmp)  # (where the folder is a file, there is no temporary file either)
             return False
         self._drop_older()
         self._name_source()
@@ -91,13 +89,11 @@ class WeightCache:
         return True
 
     def _drop_older(self) -> None:
-        """Delete this model file's other entries (other formats, older layouts)."""
+        """Delete this model file's other entries (other formats, older layouts). One that
+        Windows keeps, because a running model maps it, goes at a later store or restore."""
         for old in self.folder.glob(f"{self.prefix}-*.pt"):
             if old != self.path:
-                try:
-                    old.unlink(missing_ok=True)
-                except OSError:  # Windows cannot delete a file a running model maps: the next
-                    pass  # store or restore for this model file does
+                _remove(old)
 
     def _name_source(self) -> None:
         try:
@@ -123,15 +119,19 @@ class WeightCache:
                 setattr(owner, name, _rebuild(description, tensors))
             model.finish_loading()
         except Exception:  # any damage: a torn file, a foreign layout; rebuild from the model file
-            try:
-                self.path.unlink(missing_ok=True)
-            except OSError:  # a read-only folder: the store after the rebuild fails quietly too
-                pass
+            _remove(self.path)
             return False
         self._drop_older()
         self._name_source()
         prune(self.folder)
         return True
+
+
+def _remove(path: Path) -> None:
+    """Delete a file if it is there and the system lets us (a read-only folder, or a file
+    Windows keeps because it is mapped, stays); the cache never fails a load for it."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def prune(folder: Path) -> None:

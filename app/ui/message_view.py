@@ -39,6 +39,8 @@ from app.ui.view_models import (
 
 FLUSH_INTERVAL_MS = 16  # streamed text is shown at display pace (60 Hz), never per token
 MAX_FLUSH_INTERVAL_MS = 250  # should an update grow expensive: never less than 4/s
+STREAM_CPU_SHARE = 0.08  # of one core: showing streamed text, at most (see MessageView._pace)
+SHARED_FLUSH_INTERVAL_MS = 50  # ... but never waiting longer than this for that (~15 a second)
 # Opening a chat builds SYNC_BUILD message widgets at once, then older ones one per turn of
 # the event loop (a 0 ms timer), up to OPEN_TAIL and then for as long as the view is not
 # filled; scrolling near the top builds PAGE_BUILD more. One per turn: a widget costs a few
@@ -54,6 +56,7 @@ OPEN_TAIL = 10
 PAGE_BUILD = 8
 BOTTOM_SLACK_PX = 24  # "at the bottom" means within this many pixels of it
 MAX_TEXT_WIDTH = 880  # readable line length; wider windows get side margins
+SCRATCH_WIDTHS = 2  # measuring copies a message keeps (the layout asks ~2 other widths)
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 _WAITING_TEXT = {QUEUED: "Preparing the prompt…", PREFILLING: "Reading the prompt…",
@@ -113,6 +116,24 @@ def _code_menu_label(code: str, index: int) -> str:
     return f"{index + 1}. {first}"
 
 
+class _RenderMeter:
+    """Milliseconds the GUI thread spent measuring and painting message text since `take()`
+    was last called (see MessageView._pace)."""
+
+    def __init__(self):
+        self._ms = 0.0
+
+    def add(self, started: float) -> None:
+        self._ms += (time.perf_counter() - started) * 1000
+
+    def take(self) -> float:
+        ms, self._ms = self._ms, 0.0
+        return ms
+
+
+RENDER_METER = _RenderMeter()
+
+
 class MarkdownBrowser(QtWidgets.QTextBrowser):
     """Read-only Markdown, frameless and transparent, as tall as its document: the
     transcript scrolls, never a single message."""
@@ -123,10 +144,11 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         super().__init__(parent)
         self._markdown: str | None = None
         self._heights: dict[int, int] = {}  # width -> height, for the current text
-        # The shown document, and a copy for measuring other widths (made when first asked),
-        # each re-rendering only the tail of a growing text (app/ui/markdown_render.py).
+        # The shown document, and copies for measuring other widths (made when first asked,
+        # one per width, the latest SCRATCH_WIDTHS kept), each re-rendering only the tail of
+        # a growing text (app/ui/markdown_render.py).
         self._render = IncrementalMarkdown(self.document(), with_line_breaks, self._style)
-        self._scratch: IncrementalMarkdown | None = None
+        self._scratch: dict[int, IncrementalMarkdown] = {}
         self.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -175,28 +197,50 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
         return height
 
     def _measure(self, width: int) -> int:
+        started = time.perf_counter()
+        try:
+            return self._measured(width)
+        finally:
+            RENDER_METER.add(started)
+
+    def _measured(self, width: int) -> int:
         margins = self.contentsMargins()
         text_width = max(1, width - margins.left() - margins.right())
         document = self.document()
         if document.textWidth() != text_width:
             # Layouts ask about widths this widget may never get (e.g. with and without the
             # transcript's scroll bar): measure a copy, leave the shown document alone.
-            document = self._scratch_document()
-            document.setTextWidth(text_width)
+            document = self._scratch_document(text_width)
         return math.ceil(document.size().height()) + margins.top() + margins.bottom()
 
-    def _scratch_document(self) -> QtGui.QTextDocument:
-        """The shown text rendered again, for measuring (clone() drops block formats)."""
+    def _scratch_document(self, text_width: int) -> QtGui.QTextDocument:
+        """The shown text rendered again at `text_width`, for measuring (clone() drops
+        block formats). One copy per width: while a reply streams the layout asks two other
+        widths on every update, and a copy whose width changed lays its whole text out
+        again (a long reply's updates grew to ~1.5 ms a layout pass on it), where a copy
+        that keeps its width lays out only the tail that changed."""
         shown = self.document()
-        if self._scratch is None or self._scratch.document.defaultFont() != shown.defaultFont():
+        scratch = self._scratch.get(text_width)
+        if scratch is None or scratch.document.defaultFont() != shown.defaultFont():
+            if scratch is not None:  # the font changed: its heights are stale
+                self._scratch.pop(text_width).document.deleteLater()
             # Set up once: each of these setters lays the whole document out again.
-            scratch = QtGui.QTextDocument(self)
-            scratch.setDocumentMargin(shown.documentMargin())
-            scratch.setDefaultFont(shown.defaultFont())
-            scratch.setDefaultTextOption(shown.defaultTextOption())
-            self._scratch = IncrementalMarkdown(scratch, with_line_breaks, self._style)
-        self._scratch.show(self.markdown())
-        return self._scratch.document
+            document = QtGui.QTextDocument(self)
+            document.setDocumentMargin(shown.documentMargin())
+            document.setDefaultFont(shown.defaultFont())
+            document.setDefaultTextOption(shown.defaultTextOption())
+            document.setTextWidth(text_width)
+            scratch = IncrementalMarkdown(document, with_line_breaks, self._style)
+            while len(self._scratch) >= SCRATCH_WIDTHS:  # the oldest width goes
+                self._scratch.pop(next(iter(self._scratch))).document.deleteLater()
+            self._scratch[text_width] = scratch
+        scratch.show(self.markdown())
+        return scratch.document
+
+    def _drop_scratch(self) -> None:
+        for scratch in self._scratch.values():
+            scratch.document.deleteLater()
+        self._scratch.clear()
 
     def sizeHint(self) -> QtCore.QSize:
         width = self.width()
@@ -221,8 +265,13 @@ class MarkdownBrowser(QtWidgets.QTextBrowser):
             # The code background comes from the palette; heights depend on the font.
             text, self._markdown = self._markdown, None
             self._render.reset()
-            self._scratch = None
+            self._drop_scratch()
             self.set_markdown(text)
+
+    def paintEvent(self, event: QtGui.QPaintEvent) -> None:
+        started = time.perf_counter()
+        super().paintEvent(event)
+        RENDER_METER.add(started)
 
     def wheelEvent(self, event: QtGui.QWheelEvent) -> None:
         # Nothing scrolls in here: hand the wheel to the transcript around us (explicitly, as
@@ -958,13 +1007,24 @@ class MessageView(QtWidgets.QScrollArea):
             if widget is not None:  # one not built yet is built from its latest item
                 widget.apply(item)
         self._update_placeholder()
-        # A streaming reply re-renders only its tail (app/ui/markdown_render.py), so an update
-        # stays cheap; should it grow expensive all the same, wait longer between them. The
-        # layout pass that follows costs about as much again, so at 6x the GUI thread spends
-        # about a third of its time on the stream.
-        spent_ms = (time.perf_counter() - started) * 1000
-        self._flush_timer.setInterval(
-            int(min(MAX_FLUSH_INTERVAL_MS, max(FLUSH_INTERVAL_MS, 6 * spent_ms))))
+        self._pace(started)
+
+    def _pace(self, started: float) -> None:
+        """Set the wait before the next update from what the last one cost the GUI thread.
+        A streaming reply re-renders only its tail (app/ui/markdown_render.py), but laying
+        out and painting a long message still grows with it (a 1,500-token reply: ~5 ms an
+        update by its end, the GUI thread at ~19% of a core at display pace), and on a
+        2-core machine every millisecond the GUI thread spends is taken from the engine's
+        threads. So an update's cost is its own work plus the measuring and painting of
+        the transcript's text since the last one (`RENDER_METER`), and the wait keeps it
+        near STREAM_CPU_SHARE of a core: never faster than the display's pace, never slower
+        than SHARED_FLUSH_INTERVAL_MS for that; an update that is itself expensive waits
+        longer (6x its own time, whose layout costs about as much again), up to
+        MAX_FLUSH_INTERVAL_MS."""
+        own_ms = (time.perf_counter() - started) * 1000
+        shared = min(SHARED_FLUSH_INTERVAL_MS, (own_ms + RENDER_METER.take()) / STREAM_CPU_SHARE)
+        wait = max(FLUSH_INTERVAL_MS, shared, 6 * own_ms)
+        self._flush_timer.setInterval(int(min(MAX_FLUSH_INTERVAL_MS, wait)))
 
     def clear(self) -> None:
         self.set_messages([])

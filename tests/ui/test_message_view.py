@@ -155,6 +155,69 @@ def test_updates_are_coalesced_and_applied_on_the_timer(view, qtbot, monkeypatch
     assert len(applied) == 1 and applied[0].text == text
 
 
+def test_a_costly_stream_is_shown_less_often_but_at_least_about_fifteen_times_a_second(
+        view, monkeypatch):
+    """The wait before the next update keeps showing streamed text near STREAM_CPU_SHARE of
+    a core, from the update's own time plus the measuring and painting since the last one."""
+    timer = view._flush_timer
+    clock = iter([0.0, 0.0005])  # the update itself takes 0.5 ms
+    monkeypatch.setattr(message_view.time, "perf_counter", lambda: next(clock))
+
+    def pace(render_ms: float) -> int:
+        message_view.RENDER_METER.take()
+        message_view.RENDER_METER._ms = render_ms
+        view._pace(next(clock))
+        return timer.interval()
+
+    assert pace(0.0) == message_view.FLUSH_INTERVAL_MS  # cheap: at display pace
+    clock = iter([0.0, 0.0005])
+    assert pace(2.5) == int(3.0 / message_view.STREAM_CPU_SHARE)  # 3 ms an update: 37 ms
+    clock = iter([0.0, 0.0005])
+    assert pace(40.0) == message_view.SHARED_FLUSH_INTERVAL_MS  # never slower for that
+    clock = iter([0.0, 0.030])  # an update that itself takes 30 ms waits 6x that
+    assert pace(0.0) == 6 * 30
+    assert message_view.RENDER_METER.take() == 0.0  # each update takes what was measured
+
+
+def test_painting_and_measuring_message_text_is_metered(view, qtbot):
+    view.set_messages([assistant(1, "word " * 200)])
+    body = view.message_widget(1).body
+    qtbot.waitUntil(lambda: body.verticalScrollBar().maximum() == 0)
+    message_view.RENDER_METER.take()
+    body.viewport().repaint()
+    body.heightForWidth(body.width() - 37)  # a width it does not have: measured on a copy
+    assert message_view.RENDER_METER.take() > 0.0
+
+
+def test_other_widths_are_measured_on_a_copy_each_that_follows_the_stream(view, qtbot):
+    """The layout asks a streaming message's height at widths it does not have (with and
+    without the scroll bar) on every update: each width keeps its own copy, which lays out
+    only what changed, and every height is a full render's."""
+    view.set_messages([assistant(1, "", status=STREAMING)])
+    body = view.message_widget(1).body
+    widths = [body.width() - 2, body.width() - 14]
+    text = ""
+    for n in range(12):
+        text += f"Line {n} of a poem that keeps growing, " * 3 + "\n"
+        body.set_markdown(text)
+        for width in widths:
+            fresh = message_view.MarkdownBrowser()
+            fresh.setFont(body.font())
+            fresh.set_markdown(text)
+            fresh.resize(width, 100)
+            expected = fresh.heightForWidth(width + 1)  # a copy at exactly that text width
+            fresh.deleteLater()
+            assert body.heightForWidth(width + 1) == expected
+    assert len(body._scratch) == message_view.SCRATCH_WIDTHS
+    copies = dict(body._scratch)
+    body.set_markdown(text + "more")
+    body.heightForWidth(widths[0] + 1)
+    body.heightForWidth(widths[1] + 1)
+    assert body._scratch == copies  # the same copies, not made again
+    body.heightForWidth(widths[0] - 50)  # a third width: the oldest copy goes
+    assert len(body._scratch) == message_view.SCRATCH_WIDTHS
+
+
 def test_update_for_a_new_id_appends_the_message(view, qtbot):
     view.set_messages([user(1, "Hi")])
     view.update_message(assistant(2, "", status=PREFILLING, progress="Reading… 10%"))

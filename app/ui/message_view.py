@@ -1007,9 +1007,9 @@ class MessageView(QtWidgets.QScrollArea):
             if widget is not None:  # one not built yet is built from its latest item
                 widget.apply(item)
         self._update_placeholder()
-        self._pace(started)
+        self._pace((time.perf_counter() - started) * 1000)
 
-    def _pace(self, started: float) -> None:
+    def _pace(self, own_ms: float) -> None:
         """Set the wait before the next update from what the last one cost the GUI thread.
         A streaming reply re-renders only its tail (app/ui/markdown_render.py), but laying
         out and painting a long message still grows with it (a 1,500-token reply: ~5 ms an
@@ -1021,7 +1021,6 @@ class MessageView(QtWidgets.QScrollArea):
         than SHARED_FLUSH_INTERVAL_MS for that; an update that is itself expensive waits
         longer (6x its own time, whose layout costs about as much again), up to
         MAX_FLUSH_INTERVAL_MS."""
-        own_ms = (time.perf_counter() - started) * 1000
         shared = min(SHARED_FLUSH_INTERVAL_MS, (own_ms + RENDER_METER.take()) / STREAM_CPU_SHARE)
         wait = max(FLUSH_INTERVAL_MS, shared, 6 * own_ms)
         self._flush_timer.setInterval(int(min(MAX_FLUSH_INTERVAL_MS, wait)))

@@ -970,7 +970,7 @@ class MessageView(QtWidgets.QScrollArea):
         self._built_from = len(self._items)
         self._wanted_from = max(0, len(self._items) - OPEN_TAIL)
         self._set_reserve(self._reserve_height(self._items))
-        if self._reserve.isVisible() and not self.verticalScrollBar().isVisible():
+        if self._reserving() and not self.verticalScrollBar().isVisible():
             # Lay the page out now: the scroll bar the reserve needs appears, and the
             # messages built next are built at the width they keep (built at the width
             # without it, each was laid out again in the first frame).
@@ -1076,7 +1076,7 @@ class MessageView(QtWidgets.QScrollArea):
         widget = self._widgets.get(item.message_id) or self._new_widget(item)
         self._layout.insertWidget(2, widget)  # after the placeholder and the reserve
         widget.show()
-        if self._reserve.isVisible():
+        if self._reserving():
             # What the layout will give it: nothing below moves while the reserve lasts. The
             # last message built takes the whole rest (an estimate is never exact).
             taken = widget.heightForWidth(self._column.width()) + self._layout.spacing()
@@ -1098,6 +1098,12 @@ class MessageView(QtWidgets.QScrollArea):
         lines = sum(item.text.count("\n") + 1 + len(item.text) // per_line for item in items)
         return len(items) * (frame + self._layout.spacing()) + lines * line
 
+    def _reserving(self) -> bool:
+        """Whether the reserve stands in for unbuilt messages. Its own flag, not
+        `isVisible()`: that is False while the window is not shown yet (a chat opened at
+        start-up), which once left a built chat's reserve standing, blank, above it."""
+        return not self._reserve.isHidden()
+
     def _set_reserve(self, height: int) -> None:
         height = max(0, height)
         self._reserve.setFixedHeight(height)
@@ -1106,7 +1112,7 @@ class MessageView(QtWidgets.QScrollArea):
 
     def _reserve_on_screen(self) -> int:
         """How many pixels of the viewport the reserve fills now."""
-        if not self._reserve.isVisible():
+        if not self._reserving():
             return 0
         top = self.verticalScrollBar().value()
         bottom = top + self.viewport().height()
@@ -1123,7 +1129,7 @@ class MessageView(QtWidgets.QScrollArea):
         if show:
             notice.adjustSize()
             notice.move((self.viewport().width() - notice.width()) // 2, 24)
-        if show != notice.isVisible():
+        if show == notice.isHidden():  # (its own flag: see _reserving)
             notice.setVisible(show)
 
     def _build_some(self) -> None:
@@ -1213,6 +1219,6 @@ class MessageView(QtWidgets.QScrollArea):
     def _near_top(self) -> int:
         """Scrolled above this, the view is within a screen of the oldest message built
         (the reserve for the others is above it): older ones are wanted."""
-        top = self._reserve.height() if self._reserve.isVisible() else 0
+        top = self._reserve.height() if self._reserving() else 0
         return top + self.viewport().height()
 

@@ -567,3 +567,26 @@ def test_building_a_message_opens_no_window_for_its_parts(qtbot):
     finally:
         QtWidgets.QApplication.instance().removeEventFilter(spy)
     assert shown_as_windows == []
+
+
+@pytest.mark.parametrize("count", [3, 40])
+def test_a_chat_opened_before_the_window_is_shown_leaves_no_blank_above_it(qtbot, count):
+    # At start-up the last chat is opened while the window is still hidden: a widget's
+    # isVisible() is False then, which once kept a short chat's reserve (and its "Loading
+    # earlier messages" notice) standing above the messages built at once.
+    widget = MessageView()
+    qtbot.addWidget(widget)
+    widget.resize(600, 400)
+    widget.set_messages(long_chat(count))
+    widget.show()
+    qtbot.waitExposed(widget)
+    bar = widget.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and widget.built_count() >= min(count, 10))
+    bar.setValue(0)
+    qtbot.waitUntil(lambda: widget.built_count() == count, timeout=20000)
+    qtbot.waitUntil(lambda: not widget._build_timer.isActive())
+    first = widget.message_widget(0)
+    top = widget.widget().layout().contentsMargins().top()
+    qtbot.waitUntil(lambda: first.mapTo(widget.widget(), QtCore.QPoint(0, 0)).y() == top)
+    assert widget._reserve.isHidden()
+    assert widget.findChild(QtWidgets.QLabel, "loadingEarlierMessages").isHidden()

@@ -63,6 +63,10 @@ class ModelSession:
         # Called (on the tuner's thread, with the new ModelInfo) once the background policy
         # measurement has settled what runs: the status bar's cue to show `policy_status`.
         self.on_policy: Callable[[ModelInfo], None] | None = None
+        # Told what serves, on the loading thread, under the session's lock: (loaded,
+        # runner) once a model is running, None just before it stops (the runner still
+        # open). The API server inside the app follows the loaded model through it.
+        self._watchers: list[Callable[[tuple | None], None]] = []
         self._lock = threading.Lock()
 
     @property
@@ -107,6 +111,7 @@ class ModelSession:
             engine = run_on_passing_thread(Engine, loaded, self.engine_config,
                                            self._store_for(loaded))
             self._runner = EngineRunner(engine)
+            self._tell_watchers((loaded, self._runner))
             plan = loaded.load_plan
             if (tune and plan is not None and plan.shapes is not None
                     and os.environ.get("FERROX_POLICY_TUNING", "1") != "0"):
@@ -128,7 +133,25 @@ class ModelSession:
         with self._lock:
             self._unload_locked()
 
+    def watch(self, watcher: Callable[[tuple | None], None]) -> None:
+        """Call `watcher` with what serves now, and again whenever that changes (see
+        `_watchers`). It must not call back into the session's loading or unloading."""
+        with self._lock:
+            self._watchers.append(watcher)
+            watcher((self._loaded, self._runner) if self._runner is not None else None)
+
+    def unwatch(self, watcher: Callable[[tuple | None], None]) -> None:
+        with self._lock:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
+    def _tell_watchers(self, serving: tuple | None) -> None:
+        for watcher in list(self._watchers):
+            watcher(serving)
+
     def _unload_locked(self) -> None:
+        if self._runner is not None:
+            self._tell_watchers(None)
         if self._tuner is not None:
             self._tuner.stop()
             self._tuner = None

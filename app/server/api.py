@@ -51,13 +51,16 @@ log = logging.getLogger("ferrox.server")
 
 def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
                bind_host: str = "127.0.0.1", cors_origins: Sequence[str] = (),
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               stopped_why: str = "The server is shutting down") -> FastAPI:
     """The API app. The caller owns `runner`; at shutdown call `abort_open_requests(app)`
     before waiting for connections to close, so open streams end at once. `bind_host`: the
     address listened on, which decides the Host names answered (see guards);
-    `cors_origins`: browser origins allowed to call the API (none by default)."""
+    `cors_origins`: browser origins allowed to call the API (none by default);
+    `stopped_why`: what a reply the engine aborted is told (the engine stops only with the
+    server here; inside the app, also when the person switches models)."""
     app = FastAPI(title="Ferrox Chat API", docs_url=None, redoc_url=None, openapi_url=None)
-    gateway = _Gateway(runner)
+    gateway = _Gateway(runner, stopped_why)
     app.state.gateway = gateway
     _install_error_handlers(app)
     if cors_origins:
@@ -307,7 +310,7 @@ async def _stream(generation: "_Generation", answer: ResponseFormat) -> AsyncIte
                     yield _sse(chunk)
         elif isinstance(event, Finished):
             if event.finish_reason == "abort":
-                yield _sse(_stopped_by_shutdown().body())
+                yield _sse(_stopped(generation).body())
                 return
             for chunk in answer.end_chunks(event.finish_reason):
                 yield _sse(chunk)
@@ -338,7 +341,7 @@ async def _collect(generation: "_Generation", request: Request) -> tuple[list[To
             tokens.append(event)
         elif isinstance(event, Finished):
             if event.finish_reason == "abort":
-                raise _stopped_by_shutdown()
+                raise _stopped(generation)
             return tokens, event
         elif isinstance(event, Failed):
             raise _engine_failure(event)
@@ -361,8 +364,9 @@ def _one_line(message: str) -> str:
     return first.rstrip(":") + (" (details are in the server's log)" if rest else "")
 
 
-def _stopped_by_shutdown() -> ApiError:
-    return ApiError(503, "The server is shutting down; the reply was stopped.",
+def _stopped(generation: "_Generation") -> ApiError:
+    """A reply the engine aborted: the server is stopping (or the engine serving it is)."""
+    return ApiError(503, f"{generation.stopped_why}; the reply was stopped.",
                     code="server_shutting_down", kind="server_error")
 
 
@@ -391,8 +395,9 @@ class _Generation:
     loop through `call_soon_threadsafe`; `next` awaits them in order."""
 
     def __init__(self, runner: EngineRunner, prompt_ids: Sequence[int], params: SamplingParams,
-                 on_close: Callable[["_Generation"], None]):
+                 on_close: Callable[["_Generation"], None], stopped_why: str):
         self._runner = runner
+        self.stopped_why = stopped_why
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._on_close = on_close
@@ -425,8 +430,9 @@ class _Gateway:
     """The server's door to the runner: starts generations, keeps the open ones so a
     shutdown can abort them, and refuses new work once closing. Event-loop thread only."""
 
-    def __init__(self, runner: EngineRunner):
+    def __init__(self, runner: EngineRunner, stopped_why: str):
         self.runner = runner
+        self.stopped_why = stopped_why
         self._open: set[_Generation] = set()
         self._closing = False
 
@@ -436,7 +442,8 @@ class _Gateway:
         if self._closing:
             raise ApiError(503, "The server is shutting down.", code="server_shutting_down",
                            kind="server_error")
-        generation = _Generation(self.runner, prompt_ids, params, self._open.discard)
+        generation = _Generation(self.runner, prompt_ids, params, self._open.discard,
+                                 self.stopped_why)
         self._open.add(generation)
         try:
             first = await generation.next()  # Queued, or Failed when refused

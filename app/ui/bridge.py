@@ -58,6 +58,7 @@ class EngineBridge(QObject):
     _count_chat = Signal(int, object)
     _probe_devices = Signal()
     _forget_owner = Signal(str)
+    _serve_api = Signal(int)  # port; -1 stops
 
     # -> GUI
     modelLoading = Signal(str)  # what is happening, e.g. "Loading Gemma 3 270m…"
@@ -79,6 +80,8 @@ class EngineBridge(QObject):
     modelRejected = Signal(str, str)  # path, message
     chatCounted = Signal(int, int)  # chat id, prompt tokens of the whole conversation
     devicesFound = Signal(object, object)  # devices that exist here ("auto" first), dtypes
+    # The local API server's address ("" while it is off) and, when it could not start, why.
+    apiServerChanged = Signal(str, str)
 
     def __init__(self):
         super().__init__()
@@ -108,6 +111,10 @@ class EngineBridge(QObject):
         self._count_chat.connect(self._do_count_chat)
         self._probe_devices.connect(self._do_probe_devices)
         self._forget_owner.connect(self._do_forget_owner)
+        self._serve_api.connect(self._do_serve_api)
+        # The API server inside the app (app/server/embedded.py): worker thread only.
+        self._api = None
+        self._api_port: int | None = None
         # Reading a document can be cancelled from the GUI thread (its chip removed).
         self._document_cancels: dict[str, threading.Event] = {}
         self._kv_root: Path | None = None  # the disk cache's folder (worker thread only)
@@ -167,6 +174,12 @@ class EngineBridge(QObject):
         """Delete the disk-cached pages only `owner` used, for every model (in the worker)."""
         self._forget_owner.emit(owner)
 
+    def serve_api(self, port: int | None) -> None:
+        """Serve the loaded local model to programs on this computer at
+        http://127.0.0.1:`port`/v1 (0: a free port), or stop (None). Answered by
+        apiServerChanged."""
+        self._serve_api.emit(-1 if port is None else port)
+
     def abort(self, request_id: str) -> None:
         backend = self._backend_of.get(request_id) or self.backend
         if backend is not None:
@@ -202,6 +215,9 @@ class EngineBridge(QObject):
         for backend in [self.backend, *self._retired]:
             if backend is not None:
                 backend.close()
+        api, self._api = self._api, None
+        if api is not None:
+            api.stop()
         self.session.close()
         self._thread.quit()
         self._thread.wait(10_000)
@@ -220,6 +236,27 @@ class EngineBridge(QObject):
     @Slot()
     def _do_probe_devices(self) -> None:
         self.devicesFound.emit(available_devices(), DTYPE_CHOICES)
+
+    @Slot(int)
+    def _do_serve_api(self, port: int) -> None:
+        from app.server.embedded import EmbeddedServer  # (web framework: loaded on first use)
+        from app.server.serve import ServeError
+
+        if self._api is not None and port != self._api_port:
+            self._api.stop()
+            self._api = self._api_port = None
+        if port < 0:
+            self.apiServerChanged.emit("", "")
+            return
+        if self._api is None:
+            api = EmbeddedServer(self.session, port)
+            try:
+                api.start()
+            except ServeError as exc:
+                self.apiServerChanged.emit("", str(exc))
+                return
+            self._api, self._api_port = api, port
+        self.apiServerChanged.emit(self._api.url, "")
 
     @Slot(str, str, str, int, int, object)
     def _do_load(self, path: str, device: str, dtype: str, prefill_chunk: int,

@@ -26,6 +26,7 @@ from app.storage.connections import ConnectionStore
 from app.ui.chat_list import ChatList
 from app.ui.connections_dialog import ConnectionsDialog
 from app.ui.defaults import DEFAULT_SAMPLING, SAMPLING_KEYS
+from app.ui.api_server_actions import ApiServerActions
 from app.ui.dialog_actions import DialogActions
 from app.paths import models_dir
 from app.ui.document_actions import SEARCHED, DocumentActions, PendingAttachment
@@ -48,7 +49,7 @@ COUNT_DELAY_MS = 400  # after a chat is opened, before its tokens are counted fo
 
 
 class ChatController(QObject, ModelActions, DocumentActions, DialogActions, TrashActions,
-                     TitleActions):
+                     TitleActions, ApiServerActions):
     """A QObject living in the GUI thread: the bridge's signals, emitted from the worker and
     engine threads, reach its methods queued onto the GUI thread. (Connected to a plain
     Python object they would run on the emitting thread.)"""
@@ -78,6 +79,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         self._title_jobs: dict[str, tuple[int, str]] = {}  # request id -> chat id, title so far
         self._auto_titles: dict[int, str] = {}  # chat -> the title given automatically
         self.trash_dialog: TrashDialog | None = None
+        self.api_url = ""  # the local API server's address while it serves
         # Remote servers, in the same database file (API keys in the keychain).
         self.connections = ConnectionStore(store.path)
         self.connections_dialog: ConnectionsDialog | None = None
@@ -126,6 +128,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         w.remove_model_action.triggered.connect(self.remove_current_model)
         w.settings_action.triggered.connect(self._open_preferences)
         w.connections_action.triggered.connect(self.open_connections)
+        w.api_server_action.triggered.connect(self._open_api_server)
+        b.apiServerChanged.connect(self._on_api_server_changed)
         w.chat_settings_action.triggered.connect(self._open_chat_settings)
         w.import_action.triggered.connect(self._import_chat)
         w.export_md_action.triggered.connect(lambda: self._export_chat("md"))
@@ -177,6 +181,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             self.new_chat()
         self._starting = False
         self._update_send_state()
+        self._start_saved_api_server()  # (queued before the load: a busy port shows at once)
         self.load_selected_model()
 
     # ---- chat list ---------------------------------------------------------------------

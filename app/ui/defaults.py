@@ -13,3 +13,6 @@ ENGINE_DEFAULTS = {"device": "auto", "dtype": "auto", "prefill_chunk": 512, "con
 # engine setting holding its budget in MB (0 = off; absent = sized to the disk).
 DISK_CACHE_FOLDER = "kv-cache"
 DISK_CACHE_KEY = "disk_cache_mb"
+# The local API server inside the app: the app setting holding {"enabled": bool, "port": int}.
+API_SERVER_KEY = "api_server"
+API_SERVER_DEFAULT = {"enabled": False, "port": 8000}  # the port `app serve` uses

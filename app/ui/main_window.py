@@ -175,10 +175,13 @@ class MainWindow(QtWidgets.QMainWindow):
                                       "tokens reused from the cache on the last reply")
         self.undo_button = QtWidgets.QPushButton("Undo")
         self.undo_button.hide()
+        self.api_status = QtWidgets.QLabel()  # the local API server's address, while it serves
+        self.api_status.setObjectName("apiStatus")
+        self.api_status.hide()
         status.addWidget(self.load_bar)
         status.addWidget(self.model_status, 1)
         status.addPermanentWidget(self.undo_button)
-        for widget in (self.device_label, self.speed_label, self.context_meter):
+        for widget in (self.api_status, self.device_label, self.speed_label, self.context_meter):
             status.addPermanentWidget(widget)
 
     def _build_actions(self) -> None:
@@ -201,6 +204,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.remove_model_action = action("&Remove model from the list…")
         self.settings_action = action("&Preferences…", "Ctrl+,")
         self.connections_action = action("&Connections…")
+        self.api_server_action = action("Local &API server…")
         self.chat_settings_action = action("Chat &settings…")
         self.quit_action = action("&Quit", "Ctrl+Q")
         menus = self.menuBar()
@@ -217,6 +221,7 @@ class MainWindow(QtWidgets.QMainWindow):
         settings_menu = menus.addMenu("&Settings")
         settings_menu.addAction(self.settings_action)
         settings_menu.addAction(self.connections_action)
+        settings_menu.addAction(self.api_server_action)
         self.search_action.triggered.connect(self.focus_search)
         add_menu = QtWidgets.QMenu(self.add_model_button)
         add_menu.addAction(self.add_model_action)

@@ -1,10 +1,10 @@
-"""Per-chat generation settings and app-wide engine preferences."""
+"""Per-chat generation settings, app-wide engine preferences and the local API server."""
 
 from __future__ import annotations
 
 from app.ui.defaults import DISK_CACHE_KEY
 from app.ui.document_plan import MODE_KEY, MODES, chat_mode
-from app.ui.qt import QtWidgets
+from app.ui.qt import Qt, QtWidgets
 
 
 class ChatSettingsDialog(QtWidgets.QDialog):
@@ -160,3 +160,52 @@ class PreferencesDialog(QtWidgets.QDialog):
                 "prefill_chunk": self.prefill_chunk.value(),
                 "context_size": self.context_size.value(),
                 DISK_CACHE_KEY: self.disk_cache.value()}
+
+
+class ApiServerDialog(QtWidgets.QDialog):
+    """Whether the loaded local model is served to other programs on this computer, on
+    which port. The server itself runs below the GUI (app/server/embedded.py)."""
+
+    def __init__(self, enabled: bool, port: int, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Local API server")
+        self.enabled = QtWidgets.QCheckBox("Serve the loaded model to programs on this computer")
+        self.enabled.setObjectName("apiServerEnabled")
+        self.enabled.setChecked(enabled)
+        self.port = QtWidgets.QSpinBox()
+        self.port.setObjectName("apiServerPort")
+        self.port.setRange(1024, 65535)
+        self.port.setValue(port)
+        self.address = QtWidgets.QLabel()
+        self.address.setObjectName("apiServerAddress")
+        self.address.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        form = QtWidgets.QFormLayout()
+        form.addRow("Port:", self.port)
+        form.addRow("Address:", self.address)
+        note = QtWidgets.QLabel(
+            "An OpenAI-compatible API (chat and text completions, models, health) at this "
+            "address, for the model this window has loaded, sharing its engine with your "
+            "chats (a remote model picked for a chat leaves it serving the local one). Only "
+            "this computer can connect. While no local model is loaded, requests are "
+            "answered that none is.")
+        note.setWordWrap(True)
+        buttons = QtWidgets.QDialogButtonBox(QtWidgets.QDialogButtonBox.Ok
+                                             | QtWidgets.QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.addWidget(self.enabled)
+        layout.addLayout(form)
+        layout.addWidget(note)
+        layout.addWidget(buttons)
+        self.port.valueChanged.connect(self._show_address)
+        self.enabled.toggled.connect(self._show_address)
+        self._show_address()
+
+    def _show_address(self) -> None:
+        self.port.setEnabled(self.enabled.isChecked())
+        self.address.setText(f"http://127.0.0.1:{self.port.value()}/v1"
+                             if self.enabled.isChecked() else "off")
+
+    def values(self) -> tuple[bool, int]:
+        return self.enabled.isChecked(), self.port.value()

@@ -152,10 +152,11 @@ def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None)
 def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> LoadPlan:
     """The weight format for a dtype name on `device`. `auto` on the CPU with `measure` (the
     command line) uses `kernel_policy.policy_for`: the cached policy once checked, or a fresh
-    measurement. Without `measure` (the window) it loads the cached policy unchecked, or the
-    safe default, leaving the check or the measurement to the caller's background tuner
+    measurement. Without `measure` (the window) it loads the cached policy unchecked, or
+    another model's choice on this CPU (`borrowed_policy`), or the safe default, leaving the check or the measurement to the caller's background tuner
     (`ModelSession`); `LoadPlan.policy_status` says which."""
-    from app.engine.kernel_policy import cached_policy, default_policy, policy_for, shapes_for
+    from app.engine.kernel_policy import (borrowed_policy, cached_policy, default_policy,
+                                          policy_for, shapes_for)
     from app.models.model_facts import model_size_bytes
     from app.paths import data_dir
 
@@ -179,7 +180,7 @@ def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> L
     if measure:
         policy = policy_for(shapes, data_dir())
     else:
-        policy = (cached_policy(shapes, data_dir())
+        policy = (cached_policy(shapes, data_dir()) or borrowed_policy(shapes, data_dir())
                   or default_policy("until this CPU is measured (in the background)"))
     return plan_from_policy(policy, device, file_bytes, shapes)
 

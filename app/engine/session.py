@@ -6,7 +6,9 @@ ones. Its methods take and return plain data (ids, strings, dataclasses), so a Q
 call them without touching torch.
 
 Loading never waits for the CPU kernel policy's measurement: a model loads in the cached
-policy's format, or in the safe default when this machine was never measured, and a
+policy's format, or in the format another model measured fastest on this CPU
+(`kernel_policy.borrowed_policy`), or in the safe default when this machine was never
+measured, and a
 background tuner (`_PolicyTuner`) then measures (or validates the cached choice) whenever
 the engine is idle. When the measured choice differs from what is loaded, it prepares the
 model in the new format off the engine thread and hands it to the engine, which swaps it in
@@ -248,7 +250,7 @@ class _PolicyTuner:
         return False
 
     def _run(self) -> None:
-        from app.engine.kernel_policy import tune
+        from app.engine.kernel_policy import BORROWED, NOT_MEASURED, tune
         from app.paths import data_dir
 
         try:
@@ -263,7 +265,12 @@ class _PolicyTuner:
             else:
                 return
             new_plan = plan_from_policy(policy, self.loaded.device, plan.file_bytes, plan.shapes)
-            if ((new_plan.dtype, new_plan.wide_dtype, new_plan.int4, new_plan.kv_dtype)
+            if policy.status == NOT_MEASURED and plan.policy_status == BORROWED:
+                # This model's measurement was unusable (a busy machine): the format borrowed
+                # from another model's measurement stays rather than dropping to the default.
+                self.loaded.policy_reason = (f"{plan.reason}; its own measurement was unusable "
+                                             f"({policy.reason}), so that stays")
+            elif ((new_plan.dtype, new_plan.wide_dtype, new_plan.int4, new_plan.kv_dtype)
                     == (plan.dtype, plan.wide_dtype, plan.int4, plan.kv_dtype)):
                 self.loaded.policy_label, self.loaded.policy_reason = new_plan.label, new_plan.reason
             else:

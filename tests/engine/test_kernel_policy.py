@@ -615,3 +615,54 @@ def test_a_files_shapes_are_remembered_until_it_changes(embedded_model_path, tmp
     assert kp.shapes_for(embedded_model_path, tmp_path).name == "read from the cache"
     kp.write_cache(tmp_path / kp.CACHE_FILE, files={key: {"layers": "junk"}})
     assert kp.shapes_for(embedded_model_path, tmp_path) == first  # damaged: read again
+
+
+OTHER = dataclasses.replace(TINY, name="other", head=(1024, 64))
+
+
+def test_an_unmeasured_model_borrows_the_newest_choice_measured_on_this_cpu(tmp_path, monkeypatch):
+    assert kp.borrowed_policy(TINY, tmp_path) is None  # nothing measured here yet
+    old = dataclasses.replace(kp.choose(_with_kv(_m(
+        {"float32": 5.0, "float16": 1.0}, {"float32": 50.0, "float16": 10.0}), {}, {}), OTHER),
+        measured_at=1.0)
+    new = kp.choose(_with_kv(_m(
+        {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 1.0},
+        {"float32": 50.0, "bfloat16": 10.0}),
+        {"float32": 4.0, "bfloat16": 2.0}, {"float32": 4.0, "bfloat16": 2.0}), OTHER)
+    kp._store(OTHER, tmp_path, old)
+    kp._store(dataclasses.replace(OTHER, name="third"), tmp_path, new)
+    borrowed = kp.borrowed_policy(TINY, tmp_path)
+    assert (borrowed.decode, borrowed.prefill, borrowed.kv) == ("int4_bf16", "bfloat16", "bfloat16")
+    assert borrowed.status == kp.BORROWED and not borrowed.cached
+    assert borrowed.reason.startswith(f"{new.label} as measured on this CPU for third,")
+    assert kp.cached_policy(TINY, tmp_path) is None  # this model's own entry: still to measure
+    # A model the borrowed kind does not fit (no 4-bit blocks) takes the newest that does.
+    no_blocks = dataclasses.replace(TINY, name="f16 model", head_planes=0,
+                                    int4_layers={(n, k, 0): c for (n, k), c in TINY.layers.items()})
+    assert kp.borrowed_policy(no_blocks, tmp_path).decode == "float16"
+    # Another CPU (or torch, or thread count) measures differently: nothing to borrow.
+    monkeypatch.setattr(kp, "cpu_identity", lambda: "another CPU | AVX2 | 4 threads")
+    assert kp.borrowed_policy(TINY, tmp_path) is None
+
+
+def test_a_borrowed_format_stays_when_the_models_own_measurement_is_unusable(
+        embedded_model_path, smollm2_model_path, _own_data_dir, monkeypatch):
+    from app.engine.session import ModelSession
+
+    other = kp.gguf_shapes(smollm2_model_path)
+    decode = {"float32": 5.0, "float16": 3.0, "int4_bf16": 1.0}
+    kp._store(other, _own_data_dir, kp.choose(_m(decode, {"float32": 50.0, "bfloat16": 10.0}), other))
+    plan = plan_load(embedded_model_path, torch.device("cpu"), "auto", measure=False)
+    assert plan.policy_status == kp.BORROWED and plan.int4 is not None
+    monkeypatch.setenv("FERROX_POLICY_TUNING", "1")
+    monkeypatch.setattr(kp, "measure_and_choose",
+                        lambda *a, **k: kp.default_policy("kept: its timings were erratic"))
+    session = ModelSession()
+    try:
+        info = session.load(embedded_model_path, "cpu", "auto")
+        assert session.wait_for_policy(120)
+        assert session._loaded.load_plan is not None and session._loaded.load_plan.int4 is not None
+        assert session.info.policy_label == info.policy_label
+        assert session.info.policy_reason.endswith("its timings were erratic), so that stays")
+    finally:
+        session.close()

@@ -343,10 +343,13 @@ class ModelActions:
     # -- the picker per chat -------------------------------------------------------------
 
     def remember_chat_model(self, chat_id: int, key: str | None = None) -> None:
-        """Record the chat's model: `key`, or (a chat's first send) the one loaded."""
+        """Record the chat's model: `key`, or (a chat's first send) the picker's, which is
+        the one loaded or, while a load runs, the one loading: a message sent meanwhile
+        waits for that model and is answered by it (the one loaded before was once
+        recorded, and the chat reopened on a model that never answered it)."""
         try:
             chat = self.store.get_chat(chat_id)
-            key = key or (None if chat.model else self._loaded_key)
+            key = key or (None if chat.model else self.window.model_picker.currentData())
             if key and key != chat.model:
                 self.store.set_chat_model(chat_id, key)
         except StorageError as exc:

@@ -286,3 +286,25 @@ def test_after_edit_and_send_the_focus_is_in_the_message_box(driver, qtbot):
     qtbot.mouseClick(widget.save_edit_button, Qt.LeftButton)
     assert window.focusWidget() is window.composer.edit  # focused when the window is active
     driver.wait_until_idle()
+
+
+def test_a_message_sent_while_another_model_loads_is_remembered_with_that_model(driver):
+    # The model that answers a chat's first message is recorded as the chat's model. Sent
+    # while a newly picked model loads, the message waits for that model; the one loaded
+    # before was recorded, and the chat reopened on a model that had never answered it.
+    controller, picker = driver.controller, driver.window.model_picker
+    loaded = picker.currentData()
+    other = next(picker.itemData(i) for i in range(picker.count())
+                 if str(picker.itemData(i) or "").startswith("builtin:")
+                 and picker.itemData(i) != loaded)
+    picker.setCurrentIndex(picker.findData(other))
+    picker.activated.emit(picker.currentIndex())
+    assert controller.model_info is None  # loading
+    controller.new_chat()
+    chat_id = controller.current_chat_id
+    driver.set_max_tokens(2)
+    driver.type_and_send("Hello")
+    driver.wait_for_model()
+    driver.wait_until_idle()
+    assert driver.path()[-1].content  # answered, by the model that loaded
+    assert driver.store.get_chat(chat_id).model == other

@@ -22,6 +22,15 @@ _STATUS_NOTES = {"stopped": "stopped by the user", "interrupted": "interrupted",
                  "streaming": "still being written"}
 
 
+def export_file_name(title: str, suffix: str) -> str:
+    """A file name for a chat's export: its title with every character a file system may
+    refuse (or that reads as a path) as "_", no "_" or space at either end (a title cut with
+    "…" once gave "Write a long story about a_.md"), at most 60 characters, "chat" when
+    nothing is left."""
+    safe = re.sub(r"[^\w -]", "_", title).strip(" _")[:60].rstrip(" _")
+    return f"{safe or 'chat'}{suffix}"
+
+
 def export_markdown(store: ChatStore, chat_id: int) -> str:
     """The chat as shown (the active branch) as Markdown: title, then each message under a
     heading for its role, attachments listed by name."""

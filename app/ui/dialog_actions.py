@@ -39,16 +39,15 @@ class DialogActions:
             self.apply_preferences(dialog.values())
 
     def _export_chat(self, kind: str, chat_id: int | None = None) -> None:
-        from app.storage import export_json, export_markdown
+        from app.storage import export_file_name, export_json, export_markdown
 
         chat_id = chat_id or self.current_chat_id
         if chat_id is None:
             return
         chat = self.store.get_chat(chat_id)
         suffix = ".md" if kind == "md" else ".json"
-        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in chat.title)[:60]
-        path, _ = QtWidgets.QFileDialog.getSaveFileName(self.window, "Export chat",
-                                                        str(Path.home() / f"{safe}{suffix}"))
+        path, _ = QtWidgets.QFileDialog.getSaveFileName(
+            self.window, "Export chat", str(Path.home() / export_file_name(chat.title, suffix)))
         if not path:
             return
         import json

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from app.storage import NewAttachment, StorageError, export_json, export_markdown, import_json
+from app.storage import (NewAttachment, StorageError, export_file_name, export_json,
+                         export_markdown, import_json)
 
 
 @pytest.fixture
@@ -136,3 +137,15 @@ def test_bad_input_is_refused_and_nothing_is_added(store, branched_chat, name):
 def test_import_refuses_non_json_values(store):
     with pytest.raises(StorageError, match="not a Ferrox Chat export"):
         import_json(store, ["a", "list"])
+
+
+@pytest.mark.parametrize("title, name", [
+    ("Write a long story about a…", "Write a long story about a.md"),
+    ("a/b\\c: d?", "a_b_c_ d.md"),
+    ("Été à Paris", "Été à Paris.md"),
+    ("…", "chat.md"),
+    ("", "chat.md"),
+    ("x" * 80, "x" * 60 + ".md"),
+])
+def test_an_export_is_offered_a_file_name_made_from_the_title(title, name):
+    assert export_file_name(title, ".md") == name

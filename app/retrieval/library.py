@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.documents.formats import CODE, CSV, JSON
 from app.retrieval.index import RetrievalIndex, StoredPassage, embed_missing
 from app.retrieval.passages import split_passages
 
@@ -78,7 +79,9 @@ class DocumentLibrary:
             return found[0]
         if found is None:
             doc = extract_text(path, cancel=cancel)
-            passages = split_passages(doc.text, self.encoder.count_tokens)
+            # Source code and data: their "# ..." lines are comments, not headings.
+            passages = split_passages(doc.text, self.encoder.count_tokens,
+                                      headings=doc.kind not in (CODE, CSV, JSON))
             doc_id = self.index.add_document(sha, ENCODER_ID, path.name, str(path), passages)
         else:
             doc_id = found[0]

@@ -92,3 +92,11 @@ def test_a_changed_file_is_indexed_again(library, tmp_path):
     new = library.index_file(path)
     assert new != old
     assert "first of June" in library.retrieve("When is the tax return due?", [new])[0].passage.passage.text
+
+
+def test_a_source_files_comments_are_not_taken_for_its_sections(library, tmp_path):
+    path = tmp_path / "tool.py"
+    path.write_text(write_doc(tmp_path / "notes.md").read_text().replace("# ", "# Note: "))
+    found = library.retrieve("When is the tax return due?", [library.index_file(path)], k=3)
+    assert "thirtieth of April" in found[0].passage.passage.text
+    assert all(r.passage.passage.heading is None for r in found)

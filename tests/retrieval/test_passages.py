@@ -40,3 +40,17 @@ def test_no_passage_is_only_a_heading_or_a_repeated_tail():
     assert passages[-1].heading == "B" and "short text here" in passages[-1].text
     assert len({p.text for p in passages}) == len(passages)
     assert split_passages("# Only a heading", words) == []
+
+
+def test_a_hash_line_in_a_code_fence_or_in_source_code_is_not_a_heading():
+    text = ("# Guide\n\nInstall the tool first.\n\n```sh\n# install it\npip install tool\n```\n\n"
+            "Then run it.")
+    passages = split_passages(text, words)
+    assert {p.heading for p in passages} == {"Guide"}
+    assert "# install it" in passages[0].text and "Then run it." in passages[-1].text
+    source = "import os\n\n# Weights are joined here.\nx = 1\n\n# Another comment\ny = 2"
+    code = split_passages(source, words, headings=False)
+    assert [p.heading for p in code] == [None] and "# Another comment" in code[0].text
+    # As prose, the same lines would be headings (what a Markdown document means by them).
+    assert {p.heading for p in split_passages(source, words)} == {None, "Weights are joined here.",
+                                                                  "Another comment"}

@@ -153,8 +153,9 @@ def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> L
     """The weight format for a dtype name on `device`. `auto` on the CPU with `measure` (the
     command line) uses `kernel_policy.policy_for`: the cached policy once checked, or a fresh
     measurement. Without `measure` (the window) it loads the cached policy unchecked, or
-    another model's choice on this CPU (`borrowed_policy`), or the safe default, leaving the check or the measurement to the caller's background tuner
-    (`ModelSession`); `LoadPlan.policy_status` says which."""
+    another model's choice on this CPU (`borrowed_policy`), or the safe default, leaving the
+    check or the measurement to the caller's background tuner (`ModelSession`);
+    `LoadPlan.policy_status` says which."""
     from app.engine.kernel_policy import (borrowed_policy, cached_policy, default_policy,
                                           policy_for, shapes_for)
     from app.models.model_facts import model_size_bytes

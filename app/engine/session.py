@@ -8,11 +8,12 @@ call them without touching torch.
 Loading never waits for the CPU kernel policy's measurement: a model loads in the cached
 policy's format, or in the format another model measured fastest on this CPU
 (`kernel_policy.borrowed_policy`), or in the safe default when this machine was never
-measured, and a
-background tuner (`_PolicyTuner`) then measures (or validates the cached choice) whenever
-the engine is idle. When the measured choice differs from what is loaded, it prepares the
-model in the new format off the engine thread and hands it to the engine, which swaps it in
-between requests (`Engine.replace_weights`). `policy_status` says what was chosen and why.
+measured, and a background tuner (`_PolicyTuner`) then measures (or validates the cached
+choice) whenever the engine is idle. When the measured choice differs from what is loaded,
+it prepares the model in the new format off the engine thread and hands it to the engine,
+which swaps it in between requests (`Engine.replace_weights`). `policy_status` says what was
+chosen and why. `watch` tells who follows the session (the API server inside the app) what
+serves.
 """
 
 from __future__ import annotations

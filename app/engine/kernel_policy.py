@@ -915,8 +915,9 @@ def borrowed_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
     None when there is none. Which kernels are fast is mostly the CPU's doing, so a second
     model starts in its likely format instead of the default (Gemma 3 270M loaded after
     SmolLM2 on a 2-core AMX Xeon: 16.5-17.5 tok/s in float16 until the background
-    measurement ran, 37-41 in the 4-bit format both measure fastest). The background tuner still measures this
-    model and swaps in its own choice when that differs (status BORROWED)."""
+    measurement ran, 37-41 in the 4-bit format both measure fastest). The background tuner
+    still measures this model and swaps in its own choice when that differs (status
+    BORROWED)."""
     prefix = cache_key(shapes).removesuffix(shapes.key())
     allowed = _allowed(shapes)
     best, source = None, ""

@@ -5,8 +5,8 @@ window has loaded, through the same engine as the chats.
 applies) from a thread of its own, and follows a `ModelSession`: while a local model runs,
 requests go to `create_app` over that session's runner, so API requests and the window's
 chats are scheduled together, fairly, by one engine, with one copy of the weights; while
-none runs (none loaded yet, or a load in progress) every request gets a
-503 that says so. A model switch aborts the API's open generations with the old engine (the
+none runs (none loaded yet, or a load in progress) every request gets a 503 that says so.
+A model switch aborts the API's open generations with the old engine (the
 session closes its runner) and later requests reach the new model under its own name.
 
 Nothing here knows Qt: the window's bridge starts and stops it (app/ui/bridge.py).
@@ -31,7 +31,8 @@ DEFAULT_PORT = 8000  # the same as `app serve`
 START_TIMEOUT_S = 30.0
 # What a reply cut short by its engine stopping is told (the model switched or unloaded in
 # the window, the server turned off, or the app quitting).
-STOPPED_WHY = "Ferrox Chat stopped serving this model (switched, unloaded or the server turned off)"
+STOPPED_WHY = ("Ferrox Chat stopped serving this model (switched, unloaded or the server "
+               "turned off)")
 NO_MODEL = ("No local model is loaded in Ferrox Chat: pick one of this computer's models in "
             "the app's model picker, then try again.")
 

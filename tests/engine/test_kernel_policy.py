@@ -651,7 +651,8 @@ def test_a_borrowed_format_stays_when_the_models_own_measurement_is_unusable(
 
     other = kp.gguf_shapes(smollm2_model_path)
     decode = {"float32": 5.0, "float16": 3.0, "int4_bf16": 1.0}
-    kp._store(other, _own_data_dir, kp.choose(_m(decode, {"float32": 50.0, "bfloat16": 10.0}), other))
+    prefill = {"float32": 50.0, "bfloat16": 10.0}
+    kp._store(other, _own_data_dir, kp.choose(_m(decode, prefill), other))
     plan = plan_load(embedded_model_path, torch.device("cpu"), "auto", measure=False)
     assert plan.policy_status == kp.BORROWED and plan.int4 is not None
     monkeypatch.setenv("FERROX_POLICY_TUNING", "1")

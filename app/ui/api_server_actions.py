@@ -1,6 +1,6 @@
 """The local API server from the window: Settings -> Local API server… turns it on or off
 and picks its port (remembered; on again at the next start), the status bar shows its
-address while it serves. The server runs below the GUI (app/server/embedded.py, started by
+address while it serves (a click on it opens the same settings). The server runs below the GUI (app/server/embedded.py, started by
 the bridge's worker). A mixin of `ChatController`."""
 
 from __future__ import annotations
@@ -46,15 +46,14 @@ class ApiServerActions:
         if error:
             label.setText("API server off")
             label.setToolTip(f"The local API server could not start: {error}\n"
-                             "Settings → Local API server… to pick another port.")
+                             "Click to pick another port.")
             label.show()
             self.window.statusBar().showMessage(f"The local API server could not start: {error}",
                                                 15000)
         elif url:
             label.setText(f"API {url.removeprefix('http://')}")
             label.setToolTip(f"Other programs on this computer can use the loaded model at "
-                             f"{url} (OpenAI-compatible). Settings → Local API server… to "
-                             "stop it.")
+                             f"{url} (OpenAI-compatible). Click to change or stop it.")
             label.show()
         else:
             label.hide()

@@ -129,6 +129,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         w.settings_action.triggered.connect(self._open_preferences)
         w.connections_action.triggered.connect(self.open_connections)
         w.api_server_action.triggered.connect(self._open_api_server)
+        w.api_status.clicked.connect(self._open_api_server)
         b.apiServerChanged.connect(self._on_api_server_changed)
         w.chat_settings_action.triggered.connect(self._open_chat_settings)
         w.import_action.triggered.connect(self._import_chat)

@@ -175,8 +175,12 @@ class MainWindow(QtWidgets.QMainWindow):
                                       "tokens reused from the cache on the last reply")
         self.undo_button = QtWidgets.QPushButton("Undo")
         self.undo_button.hide()
-        self.api_status = QtWidgets.QLabel()  # the local API server's address, while it serves
+        # The local API server's address while it serves (or why it could not); a click
+        # opens its settings.
+        self.api_status = QtWidgets.QPushButton()
         self.api_status.setObjectName("apiStatus")
+        self.api_status.setFlat(True)
+        self.api_status.setCursor(Qt.PointingHandCursor)
         self.api_status.hide()
         status.addWidget(self.load_bar)
         status.addWidget(self.model_status, 1)

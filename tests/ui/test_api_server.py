@@ -78,3 +78,23 @@ def test_the_dialog_shows_the_address_it_will_serve_at(qtbot):
 def test_an_unreadable_saved_setting_reads_as_off(driver):
     driver.store.set_setting("api_server", {"enabled": "yes", "port": 80})
     assert driver.controller.api_server_setting() == (False, 8000)
+
+
+@pytest.mark.qt_log_ignore("This plugin does not support")  # (the offscreen platform's dialog)
+def test_clicking_the_address_opens_the_server_settings(driver, qtbot):
+    from app.ui.qt import QtCore, QtWidgets
+
+    controller = driver.controller
+    controller.apply_api_server(True, _free_port())
+    qtbot.waitUntil(lambda: controller.api_url != "", timeout=TIMEOUT_MS)
+    seen = []
+
+    def close_it():
+        dialog = QtWidgets.QApplication.activeModalWidget()
+        seen.append(type(dialog).__name__)
+        dialog.reject()
+
+    QtCore.QTimer.singleShot(100, close_it)
+    driver.find("apiStatus").click()
+    assert seen == ["ApiServerDialog"]
+    assert controller.api_url != ""  # cancelled: still serving

@@ -51,7 +51,8 @@ class ApiServerActions:
             self.window.statusBar().showMessage(f"The local API server could not start: {error}",
                                                 15000)
         elif url:
-            label.setText(f"API {url.removeprefix('http://')}")
+            # Short: the status bar is crowded at small window widths (the tooltip has it all).
+            label.setText(f"API :{url.rsplit(':', 1)[1].removesuffix('/v1')}")
             label.setToolTip(f"Other programs on this computer can use the loaded model at "
                              f"{url} (OpenAI-compatible). Click to change or stop it.")
             label.show()

@@ -26,7 +26,8 @@ def test_the_window_serves_its_model_where_the_status_bar_says(driver, qtbot,
     controller.apply_api_server(True, port)
     qtbot.waitUntil(lambda: controller.api_url != "", timeout=TIMEOUT_MS)
     label = driver.find("apiStatus")
-    assert not label.isHidden() and label.text() == f"API 127.0.0.1:{port}/v1"
+    assert not label.isHidden() and label.text() == f"API :{port}"
+    assert f"http://127.0.0.1:{port}/v1" in label.toolTip()
     assert controller.api_url == f"http://127.0.0.1:{port}/v1"
     models = httpx.get(f"{controller.api_url}/models", timeout=600).json()["data"]
     assert [m["id"] for m in models] == [Path(embedded_model_path).stem]

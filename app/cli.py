@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from app.server import DEFAULT_PORT
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(srv)
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (the default takes local connections only)")
-    srv.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    srv.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     srv.add_argument("--kv-dir", default=None, metavar="DIR",
                      help="keep the prefix cache on disk in DIR, so conversations resume warm "
                           "after a restart (off by default)")

@@ -21,13 +21,13 @@ import uvicorn
 from starlette.responses import JSONResponse
 
 from app.engine.session import ModelSession
+from app.server import DEFAULT_PORT
 from app.server.api import abort_open_requests, create_app
 from app.server.guards import RequestGuard, allowed_hosts_for
 from app.server.schemas import ApiError
 from app.server.serve import GRACEFUL_SHUTDOWN_S, ServeError, listen
 
 HOST = "127.0.0.1"  # other programs on this computer only; `app serve --host` for more
-DEFAULT_PORT = 8000  # the same as `app serve`
 START_TIMEOUT_S = 30.0
 # What a reply cut short by its engine stopping is told (the model switched or unloaded in
 # the window, the server turned off, or the app quitting).
@@ -47,8 +47,6 @@ class _Switchboard:
         self._no_model = RequestGuard(_answer_no_model, allowed_hosts=allowed_hosts_for(host))
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":  # (uvicorn runs with lifespan off; answer it anyway)
-            return
         app = self.current
         await (app if app is not None else self._no_model)(scope, receive, send)
 

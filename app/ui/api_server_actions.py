@@ -1,7 +1,7 @@
 """The local API server from the window: Settings -> Local API server… turns it on or off
 and picks its port (remembered; on again at the next start), the status bar shows its
-address while it serves (a click on it opens the same settings). The server runs below the GUI (app/server/embedded.py, started by
-the bridge's worker). A mixin of `ChatController`."""
+port while it serves (a click on it opens the same settings). The server runs below the
+GUI (app/server/embedded.py, started by the bridge's worker). A mixin of `ChatController`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from app.ui.defaults import API_SERVER_DEFAULT, API_SERVER_KEY
 
 class ApiServerActions:
     def api_server_setting(self) -> tuple[bool, int]:
-        """(enabled, port) as saved; the default (off, 8000) for anything unreadable."""
+        """(enabled, port) as saved; the default (off, DEFAULT_PORT) for anything unreadable."""
         saved = self.store.get_setting(API_SERVER_KEY, None)
         saved = saved if isinstance(saved, dict) else {}
         enabled = saved.get("enabled", API_SERVER_DEFAULT["enabled"])

@@ -4,6 +4,7 @@ itself, so the GUI, the CLI and the engine agree."""
 from __future__ import annotations
 
 from app.engine.sampling import SamplingParams
+from app.server import DEFAULT_PORT
 
 EMBEDDED_KEY = "embedded"  # the model picker's key for the built-in model
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_tokens", "seed")
@@ -15,4 +16,4 @@ DISK_CACHE_FOLDER = "kv-cache"
 DISK_CACHE_KEY = "disk_cache_mb"
 # The local API server inside the app: the app setting holding {"enabled": bool, "port": int}.
 API_SERVER_KEY = "api_server"
-API_SERVER_DEFAULT = {"enabled": False, "port": 8000}  # the port `app serve` uses
+API_SERVER_DEFAULT = {"enabled": False, "port": DEFAULT_PORT}

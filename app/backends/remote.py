@@ -55,8 +55,12 @@ class RemoteSettings:
     api_key: str | None = field(default=None, repr=False)
     session_header: str = DEFAULT_SESSION_HEADER
     context_sizes: Mapping[str, int] = field(default_factory=dict)
-    timeout_s: float = 300.0  # the longest silence while waiting for the next bytes
+    timeout_s: float = 300.0  # the longest silence while waiting for a reply's next bytes
     connect_timeout_s: float = 10.0
+    # The longest wait for a small answer (the model list, /props): a server that
+    # accepts connections but does not answer them (still loading, or hung) is reported in
+    # seconds instead of leaving "Asking the server…" up for five minutes.
+    query_timeout_s: float = 20.0
     # top_k, min_p and repetition_penalty are not OpenAI parameters; vLLM, SGLang, llama.cpp
     # and Ollama take them, OpenAI itself refuses them. Off: only standard ones are sent.
     extended_sampling: bool = True
@@ -218,9 +222,10 @@ class RemoteBackend:
 
     def _get_json(self, url: str):
         try:
-            response = self._client.get(url)
+            response = self._client.get(url, timeout=self._query_timeout())
         except Exception as exc:  # noqa: BLE001 -- every transport failure becomes a message
-            raise BackendError(describe_exception(exc, url, timeout_s=self._timeout_for(exc)).message) from None
+            waited = self._timeout_for(exc, self.settings.query_timeout_s)
+            raise BackendError(describe_exception(exc, url, timeout_s=waited).message) from None
         if response.status_code >= 400:
             failure = describe_status(response.status_code, response.content[:MAX_ERROR_BODY],
                                       response.headers, url, None)
@@ -231,8 +236,13 @@ class RemoteBackend:
             raise BackendError(f"The server at {where(url)} answered {url} with something that is "
                                "not JSON; is the base URL right?") from None
 
-    def _timeout_for(self, exc: BaseException) -> float:
-        return self.settings.connect_timeout_s if isinstance(exc, httpx.ConnectTimeout) else self.settings.timeout_s
+    def _query_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.settings.query_timeout_s, connect=self.settings.connect_timeout_s)
+
+    def _timeout_for(self, exc: BaseException, read_timeout_s: float | None = None) -> float:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return self.settings.connect_timeout_s
+        return self.settings.timeout_s if read_timeout_s is None else read_timeout_s
 
     # -- tokens ---------------------------------------------------------------------------
 

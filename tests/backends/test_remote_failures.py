@@ -181,3 +181,16 @@ def test_retry_after_forms(value, expected):
 
     now = parsedate_to_datetime("Wed, 02 Dec 2026 21:00:00 GMT").timestamp()
     assert parse_retry_after(value, now=now) == expected
+
+
+def test_a_server_that_never_answers_the_model_list_is_reported_in_seconds(server):
+    """It accepted the connection (still loading, or hung): the model list gives up after the
+    short query timeout, not the reply's long one."""
+    server.route("GET", "/v1/models", silent_answer)
+    backend = RemoteBackend(RemoteSettings(server.base_url, timeout_s=300, query_timeout_s=0.5))
+    with pytest.raises(BackendError) as caught:
+        backend.list_models()
+    backend.close()
+    assert str(caught.value) == (f"The server at 127.0.0.1:{server.server_address[1]} stopped "
+                                 "answering for 0.5 s, so the request was given up. It may be "
+                                 "overloaded; try again.")

@@ -17,15 +17,10 @@ from __future__ import annotations
 import threading
 import time
 
-import uvicorn
-from starlette.responses import JSONResponse
-
 from app.engine.session import ModelSession
 from app.server import DEFAULT_PORT
-from app.server.api import abort_open_requests, create_app
-from app.server.guards import RequestGuard, allowed_hosts_for
-from app.server.schemas import ApiError
-from app.server.serve import GRACEFUL_SHUTDOWN_S, ServeError, listen
+from app.server.api import create_app
+from app.server.serve import GRACEFUL_SHUTDOWN_S, ApiServer, ServeError, Switchboard, listen
 
 HOST = "127.0.0.1"  # other programs on this computer only; `app serve --host` for more
 START_TIMEOUT_S = 30.0
@@ -37,54 +32,15 @@ NO_MODEL = ("No local model is loaded in Ferrox Chat: pick one of this computer'
             "the app's model picker, then try again.")
 
 
-class _Switchboard:
-    """The ASGI app uvicorn runs: hands each request to the app of the model that serves
-    now, or answers 503 while none does. `current` is swapped from the session's loading
-    thread; a request reads it once, at its start."""
-
-    def __init__(self, host: str):
-        self.current = None
-        self._no_model = RequestGuard(_answer_no_model, allowed_hosts=allowed_hosts_for(host))
-
-    async def __call__(self, scope, receive, send) -> None:
-        app = self.current
-        await (app if app is not None else self._no_model)(scope, receive, send)
-
-
-async def _answer_no_model(scope, receive, send) -> None:
-    if scope["type"] != "http":
-        return
-    if scope.get("path") == "/health":
-        body = {"status": "no_model", "message": NO_MODEL}
-    else:
-        body = ApiError(503, NO_MODEL, code="model_not_loaded", kind="server_error").body()
-    await JSONResponse(body, status_code=503)(scope, receive, send)
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn, ending the open generations first when it stops (they would otherwise hold
-    the graceful shutdown for its whole timeout). The session owns the runner: it stays."""
-
-    def __init__(self, board: _Switchboard):
-        super().__init__(uvicorn.Config(board, log_level="warning", lifespan="off",
-                                        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
-        self._board = board
-
-    async def shutdown(self, sockets=None) -> None:
-        app = self._board.current
-        if app is not None:
-            abort_open_requests(app)
-        await super().shutdown(sockets)
-
-
 class EmbeddedServer:
     """Serves `session`'s model on http://127.0.0.1:`port`/v1 between `start` and `stop`."""
 
     def __init__(self, session: ModelSession, port: int = DEFAULT_PORT):
         self.session = session
         self.port = port
-        self._board = _Switchboard(HOST)
-        self._server: _Uvicorn | None = None
+        self._board = Switchboard(HOST, NO_MODEL, health_status="no_model",
+                                  code="model_not_loaded")
+        self._server: ApiServer | None = None
         self._thread: threading.Thread | None = None
         self.model_id: str | None = None  # the name clients use for the model serving now
 
@@ -103,7 +59,7 @@ class EmbeddedServer:
             return
         sock = listen(HOST, self.port)
         self.port = sock.getsockname()[1]  # port 0: the free one the system picked
-        server = _Uvicorn(self._board)
+        server = ApiServer(self._board, log_level="warning")  # the session owns the runner
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                   name="ferrox-api", daemon=True)
         thread.start()

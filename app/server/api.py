@@ -71,7 +71,10 @@ def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
                        max_body_bytes=max_body_bytes)
     grammars = _Grammars(loaded)
     created = int(time.time())
-    card = {"id": model_id, "object": "model", "created": created, "owned_by": "ferrox-chat"}
+    # max_model_len: the context it runs with, in vLLM's field, which clients (this app's
+    # remote connections among them) read to size their prompts.
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": "ferrox-chat",
+            "max_model_len": loaded.context_length}
     tokenizer = loaded.tokenizer
 
     @app.get("/health")

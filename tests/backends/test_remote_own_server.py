@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from app.backends.remote import RemoteBackend, RemoteSettings
+from app.engine.device import load_on
 from app.engine.events import Finished, Token
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message
@@ -45,7 +46,8 @@ def test_remote_backend_on_our_own_server(embedded_model_path, tmp_path):
         url = _serving_url(proc)
         backend = RemoteBackend(RemoteSettings(url))
         model = backend.load(embedded_model_path.stem)
-        assert model.location.startswith("127.0.0.1:") and model.context_length is None
+        assert model.location.startswith("127.0.0.1:")
+        assert model.context_length == load_on(embedded_model_path, "cpu", "auto").context_length
 
         greedy = SamplingParams(max_tokens=12, temperature=0)
         history = [Message("user", "Name three colours.")]

@@ -53,6 +53,8 @@ def test_a_loading_server_says_so_then_serves_the_model(embedded_loaded):
         assert server.serve_model(app, runner)
         models = httpx.get(f"{root}/v1/models", timeout=TIMEOUT)
         assert [m["id"] for m in models.json()["data"]] == [MODEL_ID]
+        # Its context, in vLLM's field, so clients size their prompts to it.
+        assert models.json()["data"][0]["max_model_len"] == embedded_loaded.context_length
         body = {"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0}
         reply = httpx.post(f"{root}/v1/completions", json=body, timeout=TIMEOUT)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3

@@ -8,6 +8,7 @@ import re
 
 FALLBACK_WORDS = 6
 MAX_TITLE_CHARS = 60
+MIN_TITLE_LETTERS = 3
 TITLE_MAX_TOKENS = 16
 _EXCERPT_CHARS = 600  # of the question and of the reply, for the title prompt
 
@@ -43,7 +44,9 @@ def clean_title(raw: str) -> str | None:
     line = re.sub(r"^(title|chat title)\s*:\s*", "", line, flags=re.IGNORECASE)
     line = line.strip().strip("\"'“”‘’`*#").strip().rstrip(".")
     words = line.split()
-    if not 1 <= len(words) <= 8 or not any(ch.isalnum() for ch in line):
+    # Under three letters is no title but a fragment: "(f)", "1.", "A" from a base model
+    # continuing the prompt's text instead of answering it.
+    if not 1 <= len(words) <= 8 or sum(ch.isalpha() for ch in line) < MIN_TITLE_LETTERS:
         return None
     return _cap(line)
 

@@ -83,6 +83,9 @@ def test_fallback_titles_are_short_and_document_chats_take_the_document_name():
     assert fallback_title("First line\nsecond line", []) == "First line"
     assert clean_title('Title: "Haiku About the Sea."\nmore') == "Haiku About the Sea"
     assert clean_title("") is None and clean_title("word " * 20) is None
+    # A fragment is not a title (a base model continuing the prompt wrote "(f)").
+    assert clean_title("(f)") is None and clean_title("1.") is None and clean_title("A") is None
+    assert clean_title("法国首都") == "法国首都" and clean_title("Go tips") == "Go tips"
 
 
 def test_document_chat_title_and_the_badge_in_its_own_place(driver, tmp_path):

@@ -20,6 +20,7 @@ A finished reply's message carries (all optional when reading; older rows lack s
 from __future__ import annotations
 
 from app.chat.documents import PASSAGES_KEY
+from app.chat.replies import COMPLETE, ERROR, INTERRUPTED, STOPPED
 
 KEYS = ("model", "backend", "finish_reason", "prompt_tokens", "cached_tokens", "restored_tokens",
         "completion_tokens", "tokens_per_s", "time_to_first_token_s", "thinking_s", PASSAGES_KEY)
@@ -56,3 +57,12 @@ def keep_passages(stored: dict | None, metadata: dict) -> dict:
 def is_cut(metadata: dict | None) -> bool:
     """Whether a finished reply stopped at the length limit (Continue carries it on)."""
     return (metadata or {}).get("finish_reason") == "length"
+
+
+def can_continue(status: str, metadata: dict | None, text: str) -> bool:
+    """Whether Continue is offered for a saved reply: one cut by the length limit, or one
+    that ended early with text to carry on from (stopped by the person, interrupted by a
+    crash or a quit, or failed mid-stream with its text kept)."""
+    if status == COMPLETE:
+        return is_cut(metadata)
+    return status in (STOPPED, INTERRUPTED, ERROR) and bool(text.strip())

@@ -80,7 +80,8 @@ class ChatService:
         self.replies = ReplyBook()
         self.model_name = ""
         self.backend_kind = ""
-        self._continued: dict[int, dict] = {}  # message -> its metadata before Continue
+        # message -> (status, error, metadata) before a Continue, put back if it fails
+        self._continued: dict[int, tuple[str, str | None, dict]] = {}
         self._ids = itertools.count(1)
 
     def set_model(self, name: str, backend_kind: str) -> None:
@@ -126,9 +127,11 @@ class ChatService:
         return reply
 
     def begin_continue(self, message_id: int) -> ActiveReply:
-        """Carry on a reply cut by the token limit: the same message grows, no new turn."""
+        """Carry on a reply (cut by the token limit, stopped, interrupted; see
+        metadata.can_continue): the same message grows, no new turn."""
         message = self.store.get_message(message_id)
-        self._continued[message_id] = dict(message.metadata or {})
+        self._continued[message_id] = (message.status, message.error,
+                                       dict(message.metadata or {}))
         self.store.update_message(message_id, status=STREAMING)
         return self.begin(message.chat_id, message_id, prefix=message.content)
 
@@ -220,7 +223,7 @@ class ChatService:
     def finish(self, reply: ActiveReply, event: Finished) -> None:
         self.replies.pop(reply.request_id)
         status = STOPPED if event.finish_reason == "abort" else COMPLETE
-        earlier = self._continued.pop(reply.message_id, {}) if reply.prefix else {}
+        earlier = self._continued.pop(reply.message_id, (None, None, {}))[2] if reply.prefix else {}
         metadata = finished_metadata(self.model_name, self.backend_kind, event, earlier=earlier,
                                      thinking_s=reply.thinking_s)
         reply.text = reply.prefix + event.text
@@ -229,13 +232,14 @@ class ChatService:
 
     def fail(self, reply: ActiveReply, message: str) -> None:
         """End a reply with `message`: its text so far is kept and saved with the error (a
-        Continue that failed keeps the reply as it was, complete and cut)."""
+        Continue that failed keeps the reply as it was: its status, error and metadata)."""
         self.replies.pop(reply.request_id)
         if reply.prefix:
-            self._save(reply, reply.prefix, COMPLETE, None,
-                       self._continued.pop(reply.message_id, {}))
+            status, error, metadata = self._continued.pop(reply.message_id,
+                                                          (COMPLETE, None, {}))
+            self._save(reply, reply.prefix, status, error, metadata)
             reply.text = reply.prefix
-            reply.outcome = Outcome(COMPLETE, message, continue_failed=True)
+            reply.outcome = Outcome(status, message, continue_failed=True)
             return
         saved = self._save(reply, reply.text, ERROR, message, {})
         reply.outcome = Outcome(ERROR, saved or message)

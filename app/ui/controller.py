@@ -15,7 +15,7 @@ import itertools
 from dataclasses import replace
 from pathlib import Path
 
-from app.chat.metadata import is_cut
+from app.chat.metadata import can_continue, is_cut
 from app.chat.prompt import chat_messages
 from app.chat.service import ChatService
 from app.engine.events import PrefillProgress, Queued, Token
@@ -370,7 +370,8 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
                 info += f" · {meta['cached_tokens']:,} prompt tokens reused"
             if meta.get("restored_tokens"):
                 info += f" (restored {meta['restored_tokens']:,} tokens from disk)"
-        cut = message.role == "assistant" and not live and status == COMPLETE and is_cut(meta)
+        ended = message.role == "assistant" and not live
+        cut = ended and status == COMPLETE and is_cut(meta)
         mode = chat_mode(self.store.get_chat(message.chat_id).settings) if message.attachments else ""
         names = tuple(f"{a.name} (searched)" if is_searched(a, mode) else a.name
                       for a in message.attachments)
@@ -379,6 +380,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             version_index=place[0], version_count=place[1],
             attachments=names, info=info,
             error=message.error or "", progress=reply.progress_text() if live else "", cut=cut,
+            can_continue=ended and can_continue(status, meta, text),
             passages=cited_passages(meta) if message.role == "assistant" else ())
         if message.role == "assistant":
             item = split_reply(item, reply.thinking_s if live else meta.get("thinking_s"))
@@ -520,8 +522,9 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
             self._after_end(reply)
 
     def continue_reply(self, message_id: int) -> None:
-        """Carry on a reply cut by the token limit: the same message grows, no new turn
-        (on a remote model too: the server continues the final assistant message)."""
+        """Carry on a reply cut by the token limit, stopped or interrupted: the same message
+        grows, no new turn (on a remote model too: the server continues the final assistant
+        message)."""
         message = self.store.get_message(message_id)
         if self.chat.busy(message.chat_id) or self.model_info is None:
             self.window.statusBar().showMessage("Wait for the model and the current reply.", 5000)
@@ -622,7 +625,7 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
     def _after_end(self, reply: ActiveReply) -> None:
         """A reply ended and the service saved it (`reply.outcome`): show how."""
         outcome = reply.outcome
-        if outcome.continue_failed:  # the reply stays as it was, cut
+        if outcome.continue_failed:  # the reply stays as it was
             self._after_reply(reply)
             self._alert("Could not continue the reply", outcome.error or "")
             return

@@ -568,7 +568,7 @@ class MessageWidget(_TintedFrame):
     def _make_continue(self) -> QtWidgets.QPushButton:
         button = _small(QtWidgets.QPushButton("Continue"))
         button.setObjectName("continueButton")
-        button.setToolTip("Carry on writing this reply from where it was cut")
+        button.setToolTip("Carry on writing this reply from where it ended")
         button.clicked.connect(lambda: self.continueRequested.emit(self.item.message_id))
         return button
 
@@ -761,7 +761,7 @@ class MessageWidget(_TintedFrame):
         info = self._info_text(item)
         if self._show_part("info", bool(info)):
             self.info.setText(info)
-        self._show_part("continue", item.cut and not live and not self.editing)
+        self._show_part("continue", item.can_continue and not live and not self.editing)
         self._apply_toolbar(item, live)
 
     @staticmethod
@@ -861,7 +861,7 @@ class MessageView(QtWidgets.QScrollArea):
     regenerateRequested = Signal(int)  # message_id
     editRequested = Signal(int, str)  # message_id, new text
     versionRequested = Signal(int, int)  # message_id, delta (-1 | +1)
-    continueRequested = Signal(int)  # message_id of a reply cut by the token limit
+    continueRequested = Signal(int)  # message_id of a reply to carry on (item.can_continue)
     copied = Signal(str)  # a short status line, e.g. "Copied the code"
 
     def __init__(self, parent: QtWidgets.QWidget | None = None):

@@ -32,7 +32,8 @@ class MessageItem:
     info: str = ""  # e.g. "31.8 tok/s · 120 tokens"
     error: str = ""
     progress: str = ""  # e.g. "Reading the prompt… 45% (1,200 / 2,700 tokens, 800 cached)"
-    cut: bool = False  # stopped by the token limit: the view offers Continue
+    cut: bool = False  # stopped by the token limit (the info line says so)
+    can_continue: bool = False  # the view offers Continue (metadata.can_continue)
     reasoning: str = ""  # a reasoning model's thinking (shown collapsed above the answer)
     reasoning_label: str = ""  # e.g. "Thought for 4 s", "Thinking…"
     passages: tuple[CitedPassage, ...] = ()  # what a reply answered from; its [n] cite them

@@ -11,7 +11,8 @@ import pytest
 from app.chat.budget import MIN_REPLY_TOKENS, fits, plan_reply, reply_room
 from app.chat.documents import PASSAGES_KEY
 from app.chat.prompt import chat_messages
-from app.chat.replies import COMPLETE, ERROR, STOPPED, STREAMING
+from app.chat.metadata import can_continue
+from app.chat.replies import COMPLETE, ERROR, INTERRUPTED, STOPPED, STREAMING
 from app.chat.service import ChatService, dispatch
 from app.engine.events import Failed, Finished
 from app.engine.sampling import SamplingParams
@@ -165,6 +166,48 @@ def test_a_failed_continue_leaves_the_reply_as_it_was(tmp_path, close_backends):
     assert (saved.content, saved.status, saved.error) == ("Cut here", COMPLETE, None)
     assert saved.metadata["finish_reason"] == "length"  # Continue is still offered
     assert more.outcome.continue_failed and more.outcome.error == "The server refused."
+
+
+def test_a_stopped_reply_can_be_continued(tmp_path, close_backends):
+    h = Harness(tmp_path, [["Once ", "upon ", "a time"], ["upon a time."]])
+    close_backends.append(h)
+    h.backend.hold()
+    reply = h.ask("Story")
+    while not reply.text:
+        h.service.apply(h.events.get(timeout=30))
+    h.service.stop(h.chat.id)
+    stopped = h.run_until_ended(reply)
+    assert can_continue(stopped.status, stopped.metadata, stopped.content)
+    h.backend.release()
+    more = h.service.begin_continue(stopped.id)
+    h.service.submit(more)
+    saved = h.run_until_ended(more)
+    assert (saved.id, saved.content, saved.status) == (stopped.id, "Once upon a time.", COMPLETE)
+    assert h.backend.partials[-1] == "Once "
+
+
+def test_a_failed_continue_of_an_interrupted_reply_leaves_it_interrupted(tmp_path,
+                                                                          close_backends):
+    """A crash left the reply half written ("interrupted"); a Continue the server refuses
+    puts it back as it was, not as a finished reply."""
+    h = Harness(tmp_path, ["!The server refused."])
+    close_backends.append(h)
+    message_id = h.service.add_turn(h.chat.id, "Story")
+    h.store.update_message(message_id, content="Once upon", status=INTERRUPTED)
+    more = h.service.begin_continue(message_id)
+    h.service.submit(more)
+    saved = h.run_until_ended(more)
+    assert (saved.content, saved.status) == ("Once upon", INTERRUPTED)
+    assert more.outcome.continue_failed and more.outcome.error == "The server refused."
+
+
+def test_which_replies_offer_continue():
+    assert can_continue(COMPLETE, {"finish_reason": "length"}, "cut")
+    assert not can_continue(COMPLETE, {"finish_reason": "stop"}, "done")
+    for ended_early in (STOPPED, INTERRUPTED, ERROR):
+        assert can_continue(ended_early, {}, "Some text")
+        assert not can_continue(ended_early, {}, "  ")  # nothing to carry on from
+    assert not can_continue(STREAMING, {}, "live")
 
 
 def test_passages_saved_with_a_reply_survive_its_end(tmp_path, close_backends):

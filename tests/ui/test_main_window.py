@@ -116,6 +116,8 @@ def test_stop_mid_prefill_of_a_long_document(driver, tmp_path):
     driver.wait_until_idle()
     answer = driver.path()[-1]
     assert answer.status == "stopped" and answer.content == ""
+    widget = driver.window.message_view.message_widget(answer.id)
+    assert widget.continue_button.isHidden()  # nothing written yet: nothing to carry on from
 
 
 def test_regenerate_and_edit_keep_every_version(driver):

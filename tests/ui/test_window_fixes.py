@@ -73,6 +73,28 @@ def test_a_cut_reply_says_so_and_continues_from_its_cached_kv(driver):
     assert longer.metadata["cached_tokens"] >= cut.metadata["prompt_tokens"] - 16 > 0
 
 
+def test_a_stopped_reply_offers_continue_and_carries_on(driver):
+    driver.set_max_tokens(200)
+    driver.type_and_send("Tell me a long story about a lighthouse keeper.")
+    reply = driver.controller.replies.for_chat(driver.controller.current_chat_id)
+    driver.qtbot.waitUntil(lambda: len(reply.text) > 20, timeout=120_000)
+    driver.controller.stop()
+    driver.wait_until_idle()
+    _, stopped = driver.path()
+    assert stopped.status == "stopped" and stopped.content
+    view = driver.window.message_view
+    view.apply_pending()
+    widget = view.message_widget(stopped.id)
+    assert not widget.continue_button.isHidden()
+    assert widget.info.text().startswith("Stopped")
+    driver.set_max_tokens(6)
+    driver.qtbot.mouseClick(widget.continue_button, Qt.LeftButton)
+    driver.wait_until_idle()
+    longer = driver.path()[1]
+    assert longer.id == stopped.id and longer.status == "complete"
+    assert longer.content.startswith(stopped.content) and len(longer.content) > len(stopped.content)
+
+
 # -- 5. titles and the badge -------------------------------------------------------------
 
 def test_fallback_titles_are_short_and_document_chats_take_the_document_name():

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The statuses a message shows; the live ones exist only while a reply runs, the others are
-# what the store keeps (app/ui/view_models.py uses the same strings).
+# what the store keeps (app/ui/view_models.py shows them).
 QUEUED, PREFILLING, STREAMING = "queued", "prefilling", "streaming"
 COMPLETE, STOPPED, ERROR, INTERRUPTED = "complete", "stopped", "error", "interrupted"
 

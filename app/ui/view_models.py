@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Message display states: the stored statuses plus the live ones of a reply in progress.
-QUEUED, PREFILLING, STREAMING = "queued", "prefilling", "streaming"
-COMPLETE, STOPPED, ERROR, INTERRUPTED = "complete", "stopped", "error", "interrupted"
+# Message display states: the stored statuses plus the live ones of a reply in progress,
+# defined once where replies are tracked.
+from app.chat.replies import (COMPLETE, ERROR, INTERRUPTED, PREFILLING, QUEUED,  # noqa: F401
+                              STOPPED, STREAMING)
+
 LIVE_STATUSES = (QUEUED, PREFILLING, STREAMING)
 
 

@@ -232,16 +232,17 @@ class ChatService:
 
     def fail(self, reply: ActiveReply, message: str) -> None:
         """End a reply with `message`: its text so far is kept and saved with the error (a
-        Continue that failed keeps the reply as it was: its status, error and metadata)."""
+        Continue that failed before writing anything keeps the reply as it was: its status,
+        error and metadata; one cut mid-stream keeps what it wrote, as any reply does)."""
         self.replies.pop(reply.request_id)
-        if reply.prefix:
-            status, error, metadata = self._continued.pop(reply.message_id,
-                                                          (COMPLETE, None, {}))
+        earlier = self._continued.pop(reply.message_id, None) if reply.prefix else None
+        if reply.prefix and reply.text == reply.prefix:
+            status, error, metadata = earlier or (COMPLETE, None, {})
             self._save(reply, reply.prefix, status, error, metadata)
             reply.text = reply.prefix
             reply.outcome = Outcome(status, message, continue_failed=True)
             return
-        saved = self._save(reply, reply.text, ERROR, message, {})
+        saved = self._save(reply, reply.text, ERROR, message, earlier[2] if earlier else {})
         reply.outcome = Outcome(ERROR, saved or message)
 
     def _save(self, reply: ActiveReply, text: str, status: str, error: str | None,

@@ -201,6 +201,22 @@ def test_a_failed_continue_of_an_interrupted_reply_leaves_it_interrupted(tmp_pat
     assert more.outcome.continue_failed and more.outcome.error == "The server refused."
 
 
+def test_a_continue_cut_mid_stream_keeps_what_it_wrote(tmp_path, close_backends):
+    """The server went away after the continuation had begun: the text on screen is kept
+    (with the error), not thrown away with the failed Continue."""
+    h = Harness(tmp_path, [["A long ", "start", End("length")],
+                           [" and more", Cut("The connection was cut.")]])
+    close_backends.append(h)
+    cut = h.run_until_ended(h.ask("Tell me"))
+    more = h.service.begin_continue(cut.id)
+    h.service.submit(more)
+    saved = h.run_until_ended(more)
+    assert (saved.content, saved.status) == ("A long start and more", ERROR)
+    assert saved.error == "The connection was cut." and not more.outcome.continue_failed
+    assert saved.metadata["model"] == "scripted-model"  # what it had before is kept
+    assert can_continue(saved.status, saved.metadata, saved.content)
+
+
 def test_which_replies_offer_continue():
     assert can_continue(COMPLETE, {"finish_reason": "length"}, "cut")
     assert not can_continue(COMPLETE, {"finish_reason": "stop"}, "done")

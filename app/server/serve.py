@@ -133,9 +133,9 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
 
     # Torch work on a thread that ends with it, so the engine thread's OpenMP helpers keep
     # spinning (app/openmp.py).
+    print(f"Loading {path.name}; {url} answers 503 until it is ready", flush=True)
     loader = threading.Thread(target=load, name="ferrox-load", daemon=True)
     loader.start()
-    print(f"Loading {path.name}; {url} answers 503 until it is ready", flush=True)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl+C: uvicorn shut down cleanly, then re-raised it

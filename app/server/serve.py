@@ -120,7 +120,8 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
     except BaseException:
         sock.close()
         raise
-    url = f"http://{host}:{sock.getsockname()[1]}/v1"
+    shown_host = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
+    url = f"http://{shown_host}:{sock.getsockname()[1]}/v1"
     server = ApiServer(Switchboard(host, LOADING, health_status="loading", code="model_loading"))
     failure: list[BaseException] = []
 

@@ -88,11 +88,13 @@ def test_two_chats_stream_at_once_while_switching(driver):
 
 def test_stop_mid_reply_keeps_what_was_written(driver):
     driver.set_max_tokens(400)
-    driver.store.update_chat_settings(driver.controller.current_chat_id, {"temperature": 1.0})
-    driver.type_and_send("Write a long story")
+    # Greedy, so the reply is surely long (sampled, it once ended after a few tokens, before
+    # the button could be pressed).
+    driver.store.update_chat_settings(driver.controller.current_chat_id, {"temperature": 0.0})
+    driver.type_and_send("Write a long story about a lighthouse keeper.")
     reply = driver.controller.replies.for_chat(driver.controller.current_chat_id)
     driver.qtbot.waitUntil(lambda: reply.tokens >= 5, timeout=60_000)
-    assert driver.find("stopButton").isEnabled()
+    assert driver.find("stopButton").isEnabled(), (reply.state, reply.outcome)
     driver.qtbot.mouseClick(driver.find("stopButton"), driver.window.controller and _left())
     driver.wait_until_idle()
     answer = driver.path()[-1]

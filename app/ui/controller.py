@@ -632,6 +632,12 @@ class ChatController(QObject, ModelActions, DocumentActions, DialogActions, Tras
         if outcome.error and outcome.status != ERROR:  # ended well, but not saved
             self._alert("Could not save the reply", outcome.error)
         usage, timings = outcome.usage, outcome.timings
+        if usage is None and outcome.status == ERROR:
+            # Failed before the model said how long the conversation is (one too long for
+            # the context, say): count it again, so the meter shows by how much.
+            self._last_usage.pop(reply.chat_id, None)
+            if reply.chat_id == self.current_chat_id:
+                self._count_chat(reply.chat_id)
         if usage is not None and self.model_info:
             self._restored[reply.chat_id] = usage.restored_tokens
             self._last_usage[reply.chat_id] = (usage.prompt_tokens + usage.completion_tokens,

@@ -218,6 +218,11 @@ class ModelActions:
         self._end_load_progress()
         self.model_info = info
         picker = self.window.model_picker
+        if picker.currentData() != self._loaded_key:
+            # The chats' token counts were another model's (its tokenizer, its context):
+            # each is counted again for this one when shown.
+            self._last_usage.clear()
+            self._restored.clear()
         self._loaded_key = picker.currentData()
         builtin = builtin_for_key(picker.currentData() or "")
         chosen = route(picker.currentData())

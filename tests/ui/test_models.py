@@ -27,6 +27,28 @@ def test_adding_a_valid_model_lists_it_and_switches_to_it(driver, embedded_model
     assert controller.pending.get(controller.current_chat_id, []) == []  # not a document
 
 
+def test_switching_models_counts_the_chat_again_for_the_new_one(driver, smollm2_model_path,
+                                                                  tmp_path):
+    """The meter's figures were the old model's (its tokenizer, its context): after a
+    switch it shows the new model's context and the chat counted by its tokenizer."""
+    controller = driver.controller
+    meter = driver.find("contextMeter")
+    driver.set_max_tokens(4)
+    driver.type_and_send("Hello there")
+    driver.wait_until_idle()
+    old_context = controller.model_info.context_length
+    assert meter.text().split(" / ")[1].startswith(f"{old_context:,} tokens")
+    copy = tmp_path / "smollm2.gguf"
+    shutil.copy(smollm2_model_path, copy)
+    controller.add_files([str(copy)])  # added and switched to
+    driver.qtbot.waitUntil(lambda: controller.model_info is not None
+                           and controller.model_info.path == str(copy), timeout=60_000)
+    new_context = controller.model_info.context_length
+    assert new_context != old_context
+    driver.qtbot.waitUntil(lambda: f"/ {new_context:,} tokens" in meter.text()
+                           and not meter.text().startswith("0 /"), timeout=30_000)
+
+
 def test_broken_and_unsupported_models_are_refused_with_the_reason(driver, tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)

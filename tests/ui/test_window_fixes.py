@@ -244,6 +244,20 @@ def test_context_meter_counts_the_reply_while_streaming_and_after_a_relaunch(ope
     assert 0 <= _used_tokens(again.find("contextMeter").text()) - after_reply <= 8
 
 
+def test_a_message_too_long_for_the_context_fails_clearly_and_the_meter_shows_by_how_much(
+        driver):
+    context = driver.controller.model_info.context_length
+    meter = driver.find("contextMeter")
+    driver.type_and_send("sea " * (context + 200))
+    driver.wait_until_idle()
+    question, reply = driver.path()
+    assert question.content.startswith("sea sea")  # the message is kept, to edit
+    assert reply.status == "error" and "leaving no room for a reply" in reply.error
+    # The meter counts the conversation again: over the context, against that context.
+    driver.qtbot.waitUntil(lambda: _used_tokens(meter.text()) > context, timeout=30_000)
+    assert meter.text().split(" / ")[1].startswith(f"{context:,} tokens")
+
+
 def test_load_time_is_the_whole_wait_from_the_request(open_window, qtbot):
     driver = open_window(extra=["--model", "default"])  # the built-in model is prepared first
     opened = time.monotonic()

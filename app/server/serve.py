@@ -132,9 +132,9 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
             failure.append(exc)
             server.should_exit = True
 
+    print(f"Loading {path.name}; {url} answers 503 until it is ready", flush=True)
     # Torch work on a thread that ends with it, so the engine thread's OpenMP helpers keep
     # spinning (app/openmp.py).
-    print(f"Loading {path.name}; {url} answers 503 until it is ready", flush=True)
     loader = threading.Thread(target=load, name="ferrox-load", daemon=True)
     loader.start()
     try:

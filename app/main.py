@@ -73,6 +73,32 @@ def create_main_window(argv: list[str] | None = None):
     return window
 
 
+def _open_window(argv: list[str]):
+    """The main window; a damaged chat database is set aside (kept, renamed) and an empty
+    one started when the person chooses to, rather than leaving them to find the file.
+    StorageError for every other refusal, and when they choose to quit."""
+    from app.storage import UnreadableDatabase, set_aside, set_aside_name
+    from app.ui.qt import QtWidgets
+
+    try:
+        return create_main_window(argv)
+    except UnreadableDatabase as exc:
+        box = QtWidgets.QMessageBox(QtWidgets.QMessageBox.Icon.Critical,
+                                    "Ferrox Chat cannot open its chats", str(exc))
+        box.setInformativeText(
+            f"Or start with an empty chat history now? The damaged file is kept, renamed to "
+            f"{set_aside_name(exc.path).name} in the same folder, for a later rescue.")
+        fresh = box.addButton("Start with an empty history",
+                              QtWidgets.QMessageBox.ButtonRole.AcceptRole)
+        box.addButton("Quit", QtWidgets.QMessageBox.ButtonRole.RejectRole)
+        box.exec()
+        if box.clickedButton() is not fresh:
+            raise
+        kept = set_aside(exc.path)
+        print(f"The damaged chat database was kept as {kept}", file=sys.stderr)
+    return create_main_window(argv)
+
+
 def run_gui(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = gui_parser().parse_args(argv)
@@ -88,7 +114,7 @@ def run_gui(argv: list[str] | None = None) -> int:
         print(f"error: Ferrox Chat is already running with {folder}", file=sys.stderr)
         return 1
     try:
-        window = create_main_window(argv)
+        window = _open_window(argv)
     except StorageError as exc:
         QtWidgets.QMessageBox.critical(None, "Ferrox Chat cannot open its chats", str(exc))
         print(f"error: {exc}", file=sys.stderr)

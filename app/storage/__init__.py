@@ -13,8 +13,8 @@ Every failure is a `StorageError` whose message can be shown as it is.
 """
 
 from app.storage.chats import DEFAULT_TITLE, ChatStore
-from app.storage.database import DB_FILENAME, database_path
-from app.storage.errors import StorageError
+from app.storage.database import DB_FILENAME, database_path, set_aside, set_aside_name
+from app.storage.errors import StorageError, UnreadableDatabase
 from app.storage.export import export_file_name, export_json, export_markdown
 from app.storage.importing import (ChatImportError, ImportLimits, import_chat_file, import_json,
                                    read_chat_export)
@@ -26,5 +26,6 @@ __all__ = [
     "DB_FILENAME", "DEFAULT_TITLE", "HEAD", "ROLES", "STATUSES", "Attachment", "Chat", "ChatStore",
     "Message", "ModelRecord", "NewAttachment", "StorageError", "Versions", "database_path",
     "export_file_name", "export_json", "export_markdown", "import_json", "ChatImportError",
-    "ImportLimits", "import_chat_file", "read_chat_export",
+    "ImportLimits", "import_chat_file", "read_chat_export", "set_aside", "set_aside_name",
+    "UnreadableDatabase",
 ]

@@ -8,12 +8,15 @@ even then the file stays consistent.
 
 Opening never deletes or rewrites a file it does not understand: a file that is not SQLite, is
 damaged, or comes from a newer Ferrox Chat is refused with a StorageError and left untouched.
+A damaged one (UnreadableDatabase) is renamed aside only when the person chooses to
+(`set_aside`), never deleted.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -52,6 +55,28 @@ def open_database(path: Path, migrations: Sequence[Migration] = MIGRATIONS) -> s
         conn.close()
         raise
     return conn
+
+
+def set_aside(path: Path) -> Path:
+    """Rename an unreadable database (and its journal files) to `<name>.damaged-<time>` in
+    the same folder, keeping it for a later rescue; the next open starts an empty one.
+    Returns the new name; StorageError when it cannot be renamed."""
+    target = set_aside_name(path)
+    try:
+        for suffix in ("-wal", "-shm", "-journal"):
+            extra = path.with_name(path.name + suffix)
+            if extra.exists():
+                extra.rename(target.with_name(target.name + suffix))
+        path.rename(target)
+    except OSError as exc:
+        raise StorageError(f"{path} could not be set aside ({exc.strerror or exc}); move it "
+                           "elsewhere by hand to start with an empty chat history.") from None
+    return target
+
+
+def set_aside_name(path: Path) -> Path:
+    """Where `set_aside` would put `path` now."""
+    return path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

@@ -16,13 +16,30 @@ class StorageError(Exception):
     """Chats, models or settings cannot be read or saved; the message says why in plain words."""
 
 
+class UnreadableDatabase(StorageError):
+    """The chat database file is not an SQLite database or is damaged (`path`): it can be set
+    aside (`database.set_aside`) to start with an empty chat history, keeping it."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
+
+
 @contextmanager
 def sqlite_errors_as_storage_errors(path: Path) -> Iterator[None]:
     """Turn any sqlite3 error raised inside into a StorageError a person can read."""
     try:
         yield
     except sqlite3.Error as error:
-        raise StorageError(describe_sqlite_error(error, path)) from error
+        message = describe_sqlite_error(error, path)
+        if _unreadable(error):
+            raise UnreadableDatabase(message, path) from error
+        raise StorageError(message) from error
+
+
+def _unreadable(error: sqlite3.Error) -> bool:
+    text = str(error).lower()
+    return "not a database" in text or "malformed" in text or "file is encrypted" in text
 
 
 def describe_sqlite_error(error: sqlite3.Error, path: Path) -> str:
@@ -33,7 +50,7 @@ def describe_sqlite_error(error: sqlite3.Error, path: Path) -> str:
     if "database is locked" in text or "database is busy" in text:
         return (f"The chat database {path} is busy: another program (perhaps a second "
                 "Ferrox Chat) is writing to it. Try again in a moment.")
-    if "not a database" in text or "malformed" in text or "file is encrypted" in text:
+    if _unreadable(error):
         return (f"{path} is not a Ferrox Chat database, or it is damaged. It was left as it is; "
                 "move it elsewhere to start with an empty chat history.")
     if "unable to open" in text or "readonly" in text or "read-only" in text:

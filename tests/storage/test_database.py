@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from app.paths import data_dir
-from app.storage import ChatStore, StorageError
-from app.storage.database import DB_FILENAME, database_path, open_database, schema_version
+from app.storage import ChatStore, StorageError, UnreadableDatabase
+from app.storage.database import (DB_FILENAME, database_path, open_database, schema_version,
+                                  set_aside)
 from app.storage.migrations import MIGRATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,3 +158,19 @@ def test_storage_imports_neither_qt_nor_torch():
             "sys.exit(f'imported {bad}' if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_damaged_database_can_be_set_aside_and_a_fresh_one_opened(tmp_path):
+    path = tmp_path / DB_FILENAME
+    damaged = b"SQLite format 3\x00" + b"\xff" * 4000
+    path.write_bytes(damaged)
+    with pytest.raises(UnreadableDatabase) as caught:
+        ChatStore(path)
+    assert caught.value.path == path
+    path.with_name(f"{DB_FILENAME}-wal").write_bytes(b"a log")  # its journal goes with it
+    kept = set_aside(path)
+    assert kept.parent == path.parent and kept.name.startswith(f"{DB_FILENAME}.damaged-")
+    assert kept.read_bytes() == damaged and not path.exists()
+    assert kept.with_name(f"{kept.name}-wal").read_bytes() == b"a log"
+    with ChatStore(path) as store:
+        assert store.list_chats() == []

@@ -28,6 +28,7 @@ from app.server.schemas import ApiError
 
 GRACEFUL_SHUTDOWN_S = 5.0
 LOADING = "The model is still loading; try again in a few seconds."
+LOADING_RETRY_AFTER_S = 2
 
 
 class ServeError(Exception):
@@ -39,9 +40,12 @@ class Switchboard:
     a `create_app` app), or answers 503 with `waiting` while none does (Host guard first).
     `current` is swapped from a loading thread; a request reads it once, at its start."""
 
-    def __init__(self, host: str, waiting: str, *, health_status: str, code: str):
+    def __init__(self, host: str, waiting: str, *, health_status: str, code: str,
+                 retry_after_s: int | None = None):
         self.current: FastAPI | None = None
         self._waiting, self._health_status, self._code = waiting, health_status, code
+        # Retry-After on the 503s: when trying again soon can help (a load under way).
+        self._headers = {"Retry-After": str(retry_after_s)} if retry_after_s else None
         self._guarded_wait = RequestGuard(self._answer_waiting,
                                           allowed_hosts=allowed_hosts_for(host))
 
@@ -56,7 +60,13 @@ class Switchboard:
             body = {"status": self._health_status, "message": self._waiting}
         else:
             body = ApiError(503, self._waiting, code=self._code, kind="server_error").body()
-        await JSONResponse(body, status_code=503)(scope, receive, send)
+        await JSONResponse(body, status_code=503, headers=self._headers)(scope, receive, send)
+
+
+def loading_switchboard(host: str) -> Switchboard:
+    """What `app serve` answers with until its model is ready."""
+    return Switchboard(host, LOADING, health_status="loading", code="model_loading",
+                       retry_after_s=LOADING_RETRY_AFTER_S)
 
 
 class ApiServer(uvicorn.Server):
@@ -122,7 +132,7 @@ def serve(host: str, port: int, model: str, device: str = "auto", dtype: str = "
         raise
     shown_host = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
     url = f"http://{shown_host}:{sock.getsockname()[1]}/v1"
-    server = ApiServer(Switchboard(host, LOADING, health_status="loading", code="model_loading"))
+    server = ApiServer(loading_switchboard(host))
     failure: list[BaseException] = []
 
     def load() -> None:

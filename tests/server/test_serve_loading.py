@@ -13,7 +13,8 @@ from app.engine.events import Failed
 from app.engine.runner import EngineRunner
 from app.engine.sampling import SamplingParams
 from app.server.api import create_app
-from app.server.serve import LOADING, ApiServer, Switchboard, listen
+from app.server.serve import (LOADING, LOADING_RETRY_AFTER_S, ApiServer, listen,
+                              loading_switchboard)
 from tests.server.conftest import KV_TOKENS, MODEL_ID
 
 TIMEOUT = httpx.Timeout(600.0)
@@ -31,8 +32,7 @@ def _start(server: ApiServer):
 
 
 def _loading_server() -> ApiServer:
-    board = Switchboard("127.0.0.1", LOADING, health_status="loading", code="model_loading")
-    return ApiServer(board, log_level="warning")
+    return ApiServer(loading_switchboard("127.0.0.1"), log_level="warning")
 
 
 def test_a_loading_server_says_so_then_serves_the_model(embedded_loaded):
@@ -44,6 +44,7 @@ def test_a_loading_server_says_so_then_serves_the_model(embedded_loaded):
         assert waiting.status_code == 503
         assert waiting.json()["error"]["message"] == LOADING
         assert waiting.json()["error"]["code"] == "model_loading"
+        assert waiting.headers["retry-after"] == str(LOADING_RETRY_AFTER_S)
         health = httpx.get(f"{root}/health", timeout=TIMEOUT)
         assert health.status_code == 503 and health.json()["status"] == "loading"
         foreign = httpx.get(f"{root}/v1/models", headers={"Host": "evil.example"}, timeout=TIMEOUT)

@@ -101,7 +101,8 @@ CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters
 # leftovers of a 4-bit load), weights streamed past the last-level cache, the stall probe.
 # 4: the KV cache's dtype (attention in float32 and bfloat16) in the same repetitions;
 # 5: bfloat16 KV taken for a prefill win too.
-MEASURE_VERSION = 5
+# 6: and for a decode win whose prefill attention costs a chunk at most KV_PREFILL_SHARE more.
+MEASURE_VERSION = 6
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
@@ -139,6 +140,8 @@ _STREAM_MAX_BYTES = 256 * 2**20
 # KV cache candidates, the default first (what a cache holds when no measurement says otherwise).
 KV_KINDS = ("float32", "bfloat16")
 KV_DEFAULT = "float32"
+# A bfloat16 KV cache faster at decode may be this much of a prefill chunk's time slower there.
+KV_PREFILL_SHARE = 0.05
 # Positions a timed decode attention reads per layer: a chat with a document in it.
 KV_CONTEXT = 2048
 # Queries of the timed prefill attention (one layer; keys: the chunk and as many before it).
@@ -813,7 +816,7 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     noise = max(_noise(decode_ms, m.decode_spread, allowed),
                 _noise(prefill_ms, m.prefill_spread, prefill_allowed))
     label = decode if decode == prefill else f"{decode} decode, {prefill} prefill"
-    kv, kv_why = pick_kv(m)
+    kv, kv_why = pick_kv(m, prefill_ms.get(prefill))
     if kv != KV_DEFAULT:
         label += f", {kv} KV"
     failed = "".join(f"; {kind} left out, its kernels failed here ({error})"
@@ -824,11 +827,14 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
                   status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms))
 
 
-def pick_kv(m: Measurement) -> tuple[str, str]:
+def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
     """The KV cache's dtype from a measurement, and a clause saying why: bfloat16 when it beats
     float32 by more than the noise (and `MIN_GAIN`) in a decode step's attention or a prefill
-    chunk's, and is no slower beyond the noise in the other; float32 otherwise (also when the
-    timings are erratic, or missing)."""
+    chunk's, and is no slower beyond the noise in the other -- or, faster at decode, its
+    prefill chunk's attention is slower by at most `KV_PREFILL_SHARE` of the whole chunk's
+    time (`chunk_ms`, the chosen prefill kind's products): a decode step's attention is paid
+    on every token, a chunk's once per 512 prompt tokens beside products that take ~50-100x
+    longer. float32 otherwise (also when the timings are erratic, or missing)."""
     broken = [f"{k[3:]} attention failed here ({error})" for k, error in m.failed.items()
               if k.startswith("kv ")]
     if broken:
@@ -847,6 +853,12 @@ def pick_kv(m: Measurement) -> tuple[str, str]:
     if faster and all(_kv_keeps_up(m, times, "bfloat16", "float32")
                       for times in (m.kv_ms, m.kv_prefill_ms)):
         return "bfloat16", f"; KV cache bfloat16 ({figures})"
+    decode_faster = m.kv_ms["bfloat16"] < m.kv_ms["float32"] * (1 - margin)
+    prefill_extra = m.kv_prefill_ms["bfloat16"] - m.kv_prefill_ms["float32"]
+    if decode_faster and chunk_ms and prefill_extra <= chunk_ms * KV_PREFILL_SHARE:
+        return "bfloat16", (f"; KV cache bfloat16 ({figures}; the chunk's extra "
+                            f"{prefill_extra:.1f} ms is {prefill_extra / chunk_ms:.1%} of its "
+                            f"{chunk_ms:.0f} ms)")
     return KV_DEFAULT, f"; KV cache float32 ({figures})"
 
 

@@ -81,6 +81,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -921,31 +922,46 @@ def cached_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
     return _policy_from(entry) if isinstance(entry, dict) else None
 
 
+_THREADS = re.compile(r"\| (\d+) threads \|")  # cpu_identity's part of a cache key
+_ANY_THREADS = "| * threads |"
+
+
 def borrowed_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
     """Until this model is measured: the choice measured most recently for another model on
-    this CPU (same measurement, torch and threads), when its kinds are allowed for this one;
-    None when there is none. Which kernels are fast is mostly the CPU's doing, so a second
+    this CPU (same measurement, torch and threads; failing that, another thread count -- a
+    busy machine's start may have measured with one), when its kinds are allowed for this
+    one; None when there is none. Which kernels are fast is mostly the CPU's doing, so a second
     model starts in its likely format instead of the default (Gemma 3 270M loaded after
     SmolLM2 on a 2-core AMX Xeon: 16.5-17.5 tok/s in float16 until the background
     measurement ran, 37-41 in the 4-bit format both measure fastest). The background tuner
     still measures this model and swaps in its own choice when that differs (status
     BORROWED)."""
     prefix = cache_key(shapes).removesuffix(shapes.key())
+    any_threads = _THREADS.sub(_ANY_THREADS, prefix, count=1)
     allowed = _allowed(shapes)
-    best, source = None, ""
+    best, rank, source, threads = None, None, "", ""
     for key, entry in read_cache(cache_dir / CACHE_FILE).items():
-        if not key.startswith(prefix) or not isinstance(entry, dict):
+        norm = _THREADS.sub(_ANY_THREADS, key, count=1)  # the CPU's thread count made "*"
+        if not isinstance(entry, dict) or not norm.startswith(any_threads):
             continue
         policy = _policy_from(entry)
-        if (policy is None or policy.decode not in allowed or policy.prefill not in allowed
-                or (best is not None and policy.measured_at <= best.measured_at)):
+        if policy is None or policy.decode not in allowed or policy.prefill not in allowed:
             continue
-        best, source = policy, key[len(prefix):].split("|", 1)[0]
+        same = key.startswith(prefix)
+        if rank is not None and (same, policy.measured_at) <= rank:
+            continue  # this thread count first, then the newest
+        best, rank = policy, (same, policy.measured_at)
+        source = norm[len(any_threads):].split("|", 1)[0]
+        found = _THREADS.search(key)
+        if same or found is None:
+            threads = ""
+        else:
+            threads = f" on {found.group(1)} thread{'s' * (found.group(1) != '1')}"
     if best is None:
         return None
     return dataclasses.replace(
-        best, reason=f"{best.label} as measured on this CPU for {source}, until this model "
-                     "is measured (in the background)", cached=False, status=BORROWED)
+        best, reason=f"{best.label} as measured on this CPU for {source}{threads}, until this "
+                     "model is measured (in the background)", cached=False, status=BORROWED)
 
 
 def _store(shapes: ModelShapes, cache_dir: Path, policy: Policy) -> None:

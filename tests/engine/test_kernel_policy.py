@@ -644,7 +644,20 @@ def test_an_unmeasured_model_borrows_the_newest_choice_measured_on_this_cpu(tmp_
     no_blocks = dataclasses.replace(TINY, name="f16 model", head_planes=0,
                                     int4_layers={(n, k, 0): c for (n, k), c in TINY.layers.items()})
     assert kp.borrowed_policy(no_blocks, tmp_path).decode == "float16"
-    # Another CPU (or torch, or thread count) measures differently: nothing to borrow.
+    # Measured with another thread count on this CPU (a busy start may measure with one):
+    # borrowed when nothing was measured with this one, and said so.
+    cpu = kp.cpu_identity()
+    monkeypatch.setattr(kp, "cpu_identity", lambda: cpu.rsplit("|", 1)[0] + "| 7 threads")
+    other_threads = kp.borrowed_policy(TINY, tmp_path)
+    assert (other_threads.decode, other_threads.status) == ("int4_bf16", kp.BORROWED)
+    assert other_threads.reason.startswith(f"{new.label} as measured on this CPU for third "
+                                           f"on {torch.get_num_threads()} thread")
+    # ... but an entry of this thread count wins over a newer one of another.
+    kp._store(dataclasses.replace(OTHER, name="seven"), tmp_path,
+              dataclasses.replace(old, measured_at=2.0))
+    assert kp.borrowed_policy(TINY, tmp_path).reason.startswith(f"{old.label} as measured on "
+                                                                "this CPU for seven,")
+    # Another CPU (or torch) measures differently: nothing to borrow.
     monkeypatch.setattr(kp, "cpu_identity", lambda: "another CPU | AVX2 | 4 threads")
     assert kp.borrowed_policy(TINY, tmp_path) is None
 

@@ -85,16 +85,17 @@ def _open_window(argv: list[str]):
     except UnreadableDatabase as exc:
         box = QtWidgets.QMessageBox(QtWidgets.QMessageBox.Icon.Critical,
                                     "Ferrox Chat cannot open its chats", str(exc))
+        target = set_aside_name(exc.path)  # the name said is the name it gets
         box.setInformativeText(
             f"Or start with an empty chat history now? The damaged file is kept, renamed to "
-            f"{set_aside_name(exc.path).name} in the same folder, for a later rescue.")
+            f"{target.name} in the same folder, for a later rescue.")
         fresh = box.addButton("Start with an empty history",
                               QtWidgets.QMessageBox.ButtonRole.AcceptRole)
         box.addButton("Quit", QtWidgets.QMessageBox.ButtonRole.RejectRole)
         box.exec()
         if box.clickedButton() is not fresh:
             raise
-        kept = set_aside(exc.path)
+        kept = set_aside(exc.path, target)
         print(f"The damaged chat database was kept as {kept}", file=sys.stderr)
     return create_main_window(argv)
 

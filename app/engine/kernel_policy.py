@@ -849,14 +849,15 @@ def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
     if noise > ERRATIC:
         return KV_DEFAULT, f"; KV cache float32 (its timings were erratic: {figures})"
     margin = max(MIN_GAIN, noise)
-    faster = any(times["bfloat16"] < times["float32"] * (1 - margin)
-                 for times in (m.kv_ms, m.kv_prefill_ms))
-    if faster and all(_kv_keeps_up(m, times, "bfloat16", "float32")
-                      for times in (m.kv_ms, m.kv_prefill_ms)):
+
+    def faster(times: dict[str, float]) -> bool:
+        return times["bfloat16"] < times["float32"] * (1 - margin)
+
+    if (any(faster(t) for t in (m.kv_ms, m.kv_prefill_ms))
+            and all(_kv_keeps_up(m, t, "bfloat16", "float32") for t in (m.kv_ms, m.kv_prefill_ms))):
         return "bfloat16", f"; KV cache bfloat16 ({figures})"
-    decode_faster = m.kv_ms["bfloat16"] < m.kv_ms["float32"] * (1 - margin)
     prefill_extra = m.kv_prefill_ms["bfloat16"] - m.kv_prefill_ms["float32"]
-    if decode_faster and chunk_ms and prefill_extra <= chunk_ms * KV_PREFILL_SHARE:
+    if faster(m.kv_ms) and chunk_ms and prefill_extra <= chunk_ms * KV_PREFILL_SHARE:
         return "bfloat16", (f"; KV cache bfloat16 ({figures}; the chunk's extra "
                             f"{prefill_extra:.1f} ms is {prefill_extra / chunk_ms:.1%} of its "
                             f"{chunk_ms:.0f} ms)")

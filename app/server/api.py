@@ -49,6 +49,11 @@ DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its cli
 log = logging.getLogger("ferrox.server")
 
 
+def api_model_id(loaded: LoadedModel) -> str:
+    """The name clients use for a served model: its file's (or folder's) name."""
+    return loaded.path.stem
+
+
 def create_app(runner: EngineRunner, loaded: LoadedModel, model_id: str, *,
                bind_host: str = "127.0.0.1", cors_origins: Sequence[str] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,

@@ -19,7 +19,7 @@ import time
 
 from app.engine.session import ModelSession
 from app.server import DEFAULT_PORT
-from app.server.api import create_app
+from app.server.api import api_model_id, create_app
 from app.server.serve import GRACEFUL_SHUTDOWN_S, ApiServer, ServeError, Switchboard, listen
 
 HOST = "127.0.0.1"  # other programs on this computer only; `app serve --host` for more
@@ -92,7 +92,7 @@ class EmbeddedServer:
             self._board.current, self.model_id = None, None
             return
         loaded, runner = serving
-        model_id = loaded.path.stem
+        model_id = api_model_id(loaded)
         self._board.current = create_app(runner, loaded, model_id, bind_host=HOST,
                                          stopped_why=STOPPED_WHY)
         self.model_id = model_id

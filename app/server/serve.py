@@ -167,7 +167,7 @@ def _load_and_serve(server: ApiServer, path: Path, device: str, dtype: str,
                     url: str) -> None:
     from app.engine.device import load_on
     from app.engine.engine import Engine
-    from app.server.api import create_app
+    from app.server.api import api_model_id, create_app
 
     loaded = load_on(path, device, dtype)
     store = None
@@ -177,7 +177,7 @@ def _load_and_serve(server: ApiServer, path: Path, device: str, dtype: str,
 
         store = open_store(Path(kv_dir), loaded, EngineConfig().page_size)
     runner = EngineRunner(Engine(loaded, kv_store=store))
-    model_id = loaded.path.stem
+    model_id = api_model_id(loaded)
     app = create_app(runner, loaded, model_id, bind_host=host, cors_origins=cors_origins)
     if not server.serve_model(app, runner):  # stopped (Ctrl+C) while it loaded
         runner.close()

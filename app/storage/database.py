@@ -57,11 +57,12 @@ def open_database(path: Path, migrations: Sequence[Migration] = MIGRATIONS) -> s
     return conn
 
 
-def set_aside(path: Path) -> Path:
-    """Rename an unreadable database (and its journal files) to `<name>.damaged-<time>` in
-    the same folder, keeping it for a later rescue; the next open starts an empty one.
-    Returns the new name; StorageError when it cannot be renamed."""
-    target = set_aside_name(path)
+def set_aside(path: Path, target: Path | None = None) -> Path:
+    """Rename an unreadable database (and its journal files) to `target` (by default
+    `set_aside_name(path)`: `<name>.damaged-<time>` in the same folder), keeping it for a
+    later rescue; the next open starts an empty one. Returns the new name; StorageError when
+    it cannot be renamed."""
+    target = target or set_aside_name(path)
     try:
         for suffix in ("-wal", "-shm", "-journal"):
             extra = path.with_name(path.name + suffix)

@@ -183,6 +183,7 @@ class PagedBatchView:
         self._write_slots = torch.tensor(write, device=device) if keys is None else None
         self.q_pos = torch.tensor([q_pos], device=device)  # [1, N]
         self._plans: dict[int | None, list[tuple]] = {}
+        self._decode_plans: dict[int | None, tuple] = {}
 
     def positions(self) -> torch.Tensor:
         return self.q_pos
@@ -210,6 +211,24 @@ class PagedBatchView:
                     k_pos = torch.arange(first, start + n, device=device)[None]
                     mask = attention_mask(q_pos, k_pos, window)  # [1, 1, n, seen]
                 plan.append((start, n, first, start + n - first, mask))
+        return plan
+
+    def decode_plan(self, window: int | None
+                    ) -> tuple[list[torch.Tensor], list[int], list[int], list[int]] | None:
+        """For a pass of decode steps alone (every sequence adds one token to a copy that
+        outlives the pass), what `attend` does in the layers with this `window`, for a
+        caller that writes and attends itself (the model's scripted decode step,
+        app.models.decode_step): per sequence its copy `data` [n_layers, 2, Hkv, capacity,
+        D], the position the step writes, and the first and the number of positions its
+        query sees. None for any other pass (a prompt chunk, copies for one pass)."""
+        if self._write_slots is not None or any(n != 1 for n in self.counts):
+            return None
+        plan = self._decode_plans.get(window)
+        if plan is None:
+            rows = self._plan(window)
+            plan = self._decode_plans[window] = (
+                [seq.data for seq in self._seqs], [start for start, *_ in rows],
+                [first for _, _, first, _, _ in rows], [seen for *_, seen, _ in rows])
         return plan
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

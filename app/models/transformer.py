@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from app.models import decode_step
 from app.models.causal_lm import KVFacts, KVView
 from app.models.errors import ModelError
 from app.models.quantized import RawTensor
@@ -157,6 +158,19 @@ class DecoderLayer(torch.nn.Module):
         # hold what it was made of (`_qk_norm_of`).
         self.qk_norm: torch.Tensor | None = None
         self._qk_norm_of: tuple = ()
+        # The decode step's constant arguments (`decode_step.prepare`), made when the
+        # products are joined and dropped when any weight is assigned after that.
+        self._decode_args: decode_step.DecodeArgs | None = None
+
+    # Attributes a scripted decode step reads: assigning one drops `_decode_args`.
+    _DECODE_INPUTS = frozenset({"attn_norm", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias",
+                                "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "gate", "up",
+                                "down", "post_ffn_norm", "qkv", "qkv_bias", "gate_up", "qk_norm"})
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in self._DECODE_INPUTS and self.__dict__.get("_decode_args") is not None:
+            self.__dict__["_decode_args"] = None
 
     def fuse_products(self) -> None:
         """Join Q, K, V (or Q, K) and gate, up into one product each, the slots becoming
@@ -185,6 +199,7 @@ class DecoderLayer(torch.nn.Module):
             self.qk_norm = torch.cat((self.q_norm.expand(c.n_heads, -1),
                                       self.k_norm.expand(c.n_kv_heads, -1)))
             self._qk_norm_of = (self.q_norm, self.k_norm)
+        self._decode_args = decode_step.prepare(self)
 
     def slot_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight this layer needs, [out, in] for linear ones, as the loader fills them."""
@@ -428,8 +443,13 @@ class TransformerLM(torch.nn.Module):
         x = self.embed(tokens)
         tables = {spec: spec.rotation(positions, x.dtype) for spec in self._ropes}
         x = x.view(-1, x.shape[-1])  # the layers see one token a row: [S * T, d]
-        for layer in self.layers:
-            x = layer(x, tables[layer.rope], kv)
+        # A pass of decode steps alone: the same operations, scripted (app.models.decode_step).
+        scripted = decode_step.run(self.layers, x, tables, kv)
+        if scripted is not None:
+            x = scripted
+        else:
+            for layer in self.layers:
+                x = layer(x, tables[layer.rope], kv)
         return rms_norm(x, self.output_norm, self.cfg.rms_eps).view(*tokens.shape, -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,277 @@
+"""The decoder layers' decode step as TorchScript: the same operations as
+`DecoderLayer.forward` in the same order, run by TorchScript's interpreter instead of Python,
+every layer in one call a pass.
+
+A decode step of a small model is ~1,000 small operations (SmolLM2 135M: 30 layers of ~35),
+and on a CPU each costs more in Python -- the call, our dispatch helpers (`linear`,
+`int4_linear`, the KV view's `attend`), the attribute lookups -- than in its kernel.
+Measured side by side on a 2-core AVX-512 Xeon (SmolLM2, 8 runs each, alternating, same
+tokens): one stream 98.1 -> 112.3 tok/s, four 210 -> 245; against llama.cpp 0.85x -> 1.20x.
+
+Scope, checked once per layer at load (`prepare`) and per pass (`run`):
+* a pass in which every sequence adds exactly one token to a KV copy that outlives the pass
+  (the KV view's `decode_plan`; a pass with a prompt chunk in it takes the layers' Python
+  path, where the chunk's products and attention dwarf the interpreter anyway);
+* every product on 4-bit planes (`QuantizedWeight`, as many rows as the weight keeps on
+  its planes), Q, K and V joined in one product without a bias, gate and up in another;
+* float32 activations and norms; RoPE over the whole head; no attention soft-capping;
+  SiLU or tanh-GELU; optional QK-norm and sandwich norms (Gemma 3); sliding layers.
+A pass where any layer is outside it runs every layer's Python, unchanged.
+
+Bitwise the same as that Python path (tests/models/test_decode_step.py, both built-in
+models, one and several sequences, bfloat16 and float32 KV): each operation here is the one
+it runs, on tensors of the same dtypes, shapes and strides. The one liberty: RoPE's pair
+swap, a permutation (exact whatever does it), is always a gather by index here. So this is
+a second spelling of the layer for one case, held to the first by those tests: a change to
+`DecoderLayer.forward`, `int4_linear` or `PagedBatchView.attend` needs its twin here (the
+tests fail until it has one).
+
+TorchScript needs this file's source (the frozen build ships it: packaging/ferrox-chat.spec)
+and is deprecated in favour of torch.compile, which needs a C++ compiler on the user's
+machine (and its guards cost more than these kernels: docs/ARCHITECTURE.md); where
+scripting fails, `compiled()` says None and the layers keep their Python path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+# `DecodeArgs.ints`, by position (TorchScript reads no module globals, so `decode_layer`
+# names them once at its top): H, Hkv, D, the planes of the qkv, o, gate_up and down
+# products, then 0/1 for QK-norm, a norm after attention, a norm after the MLP, tanh-GELU,
+# and the 4-bit kernel's group size.
+INT_NAMES = ("H", "Hkv", "D", "qkv_planes", "o_planes", "gate_up_planes", "down_planes",
+             "qk_norm", "post_attn_norm", "post_ffn_norm", "gelu", "group")
+
+
+@dataclass(frozen=True)
+class DecodeArgs:
+    """One layer's constant arguments: tensors [attn_norm, qkv packed, qkv scales, o packed,
+    o scales, ffn_norm, gate_up packed, gate_up scales, down packed, down scales, RoPE pair
+    swap, qk_norm, post_attn_norm, post_ffn_norm] (an absent norm: an empty tensor, its flag
+    0) and `ints` as `INT_NAMES` names them. `rows_max`: the most rows every product keeps on its
+    planes."""
+
+    tensors: list
+    ints: list
+    eps: float
+    scale: float
+    rows_max: int
+
+
+def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: float, scale: float,
+                 cos: torch.Tensor, sin: torch.Tensor, datas: List[torch.Tensor], layer: int,
+                 starts: List[int], firsts: List[int], seens: List[int]) -> torch.Tensor:
+    """x [N, d] float32, one row per sequence; cos, sin [1, N, 1, D]; datas[i] sequence i's
+    KV copy [n_layers, 2, Hkv, capacity, D]: it writes position starts[i] and its query sees
+    seens[i] positions from firsts[i]. -> [N, d], as `DecoderLayer.forward`."""
+    H, Hkv, D = n[0], n[1], n[2]
+    qkv_planes, o_planes, gate_up_planes, down_planes = n[3], n[4], n[5], n[6]
+    has_qk_norm, post_attn, post_ffn, gelu = n[7] != 0, n[8] != 0, n[9] != 0, n[10] != 0
+    group = n[11]
+    N = x.shape[0]
+    # ---- attention (DecoderLayer.attention, _qkv, rotate, PagedBatchView.attend, _attend)
+    h = F.rms_norm(x, [x.shape[-1]], w[0], eps)
+    plain = not has_qk_norm
+    y = _int4(h, w[1], w[2], qkv_planes, group, plain).view(1, N, H + 2 * Hkv, D)
+    parts = y.split_with_sizes([H + Hkv, Hkv], 2)
+    qk, v = parts[0], parts[1]
+    if has_qk_norm:  # (y is float32 here: a product that does not promote returns x's dtype)
+        qk = F.rms_norm(qk, [D], None, eps) * w[11]
+    qk = torch.addcmul(qk * cos, qk.index_select(-1, w[10]), sin)
+    parts = qk.split_with_sizes([H, Hkv], 2)
+    q, k = parts[0].transpose(1, 2), parts[1].transpose(1, 2)
+    v = v.transpose(1, 2)
+    kv_dtype = datas[0].dtype
+    if q.dtype != kv_dtype:
+        q = q.to(kv_dtype)
+    if N == 1:
+        data = datas[0]
+        keys, values = data[layer, 0:1], data[layer, 1:2]
+        keys.narrow(2, starts[0], 1).copy_(k)
+        values.narrow(2, starts[0], 1).copy_(v)
+        out = _attend(q, keys.narrow(2, firsts[0], seens[0]), values.narrow(2, firsts[0], seens[0]),
+                      Hkv, scale)
+        out = out.reshape(1, H * D)
+    else:
+        counts = [1] * N
+        queries = q.split_with_sizes(counts, 2)
+        news = torch.cat((k, v)).split_with_sizes(counts, 2)
+        outs: List[torch.Tensor] = []
+        for i in range(N):
+            data = datas[i]
+            both, keys, values = data[layer], data[layer, 0:1], data[layer, 1:2]
+            both.narrow(2, starts[i], 1).copy_(news[i])
+            outs.append(_attend(queries[i], keys.narrow(2, firsts[i], seens[i]),
+                                values.narrow(2, firsts[i], seens[i]), Hkv, scale))
+        out = torch.cat(outs, dim=2).transpose(1, 2).reshape(N, H * D)
+    h = _int4(out, w[3], w[4], o_planes, group, not post_attn)
+    if post_attn:
+        h = _widen(h, x.dtype)
+        h = F.rms_norm(h, [h.shape[-1]], w[12], eps)
+    x = x + h
+    # ---- MLP (DecoderLayer.mlp)
+    h = F.rms_norm(x, [x.shape[-1]], w[5], eps)
+    gate_up = _int4(h, w[6], w[7], gate_up_planes, group, True).chunk(2, dim=-1)
+    gate, up = gate_up[0], gate_up[1]
+    if gelu:
+        gated = F.gelu(gate, approximate="tanh") * up
+    else:
+        gated = F.silu(gate) * up
+    h = _int4(gated, w[8], w[9], down_planes, group, not post_ffn)
+    if post_ffn:
+        h = _widen(h, x.dtype)
+        h = F.rms_norm(h, [h.shape[-1]], w[13], eps)
+    return x + h
+
+
+def decode_layers(x: torch.Tensor, ws: List[List[torch.Tensor]], ns: List[List[int]], eps: float,
+                  scale: float, coss: List[torch.Tensor], sins: List[torch.Tensor],
+                  datas: List[torch.Tensor], starts: List[int], firsts: List[List[int]],
+                  seens: List[List[int]]) -> torch.Tensor:
+    """Every layer in turn (layer i: ws[i], ns[i], its RoPE tables and its window's slices):
+    one call a pass instead of one a layer (~0.5 ms less a SmolLM2 step)."""
+    for i in range(len(ws)):
+        x = decode_layer(x, ws[i], ns[i], eps, scale, coss[i], sins[i], datas, i, starts,
+                         firsts[i], seens[i])
+    return x
+
+
+def run(layers, x: torch.Tensor, tables: dict, kv) -> Optional[torch.Tensor]:
+    """The decoder layers' output for x [N, d] in a pass of decode steps alone, scripted, or
+    None where this pass or a layer is outside the scope (the caller runs the layers then).
+    `tables` maps each layer's RoPE spec to its (cos, sin); `kv` is the pass's KV view."""
+    args = [layer._decode_args for layer in layers]
+    if any(a is None for a in args) or x.dtype != torch.float32 \
+            or x.shape[0] > min(a.rows_max for a in args):
+        return None
+    plan_of = getattr(kv, "decode_plan", None)
+    plans = {}
+    for layer in layers:
+        if layer.window not in plans:
+            plans[layer.window] = plan_of(layer.window) if plan_of is not None else None
+            if plans[layer.window] is None:
+                return None
+    step = compiled()
+    if step is None:
+        return None
+    datas, starts = next(iter(plans.values()))[:2]
+    return step(x, [a.tensors for a in args], [a.ints for a in args], args[0].eps, args[0].scale,
+                [tables[layer.rope][0] for layer in layers], [tables[layer.rope][1] for layer in layers],
+                datas, starts, [plans[layer.window][2] for layer in layers],
+                [plans[layer.window][3] for layer in layers])
+
+
+def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, planes: int,
+          group: int, promotes: bool) -> torch.Tensor:
+    """`quantized.int4_linear` on 2-D x (its scales are in its activation dtype)."""
+    a = x if x.dtype == scale_zeros.dtype else x.to(scale_zeros.dtype)
+    if planes > 1:
+        a = torch.cat([a] * planes, dim=-1)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, packed, group, scale_zeros)
+    if not promotes and out.dtype != x.dtype:
+        out = out.to(x.dtype)
+    return out
+
+
+def _widen(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`linear_from`'s last step without `promotes`: the result in the activations' dtype."""
+    return h if h.dtype == dtype else h.to(dtype)
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, Hkv: int,
+            scale: float) -> torch.Tensor:
+    """`DecoderLayer._attend` for one sequence's decode query (no mask)."""
+    B, H, T, D = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    q = q.reshape(B, Hkv, (H // Hkv) * T, D)
+    act_dtype = q.dtype
+    if keys.dtype != act_dtype:
+        q = q.to(keys.dtype)
+    out = F.scaled_dot_product_attention(q, keys, values, scale=scale)
+    if out.dtype != act_dtype:
+        out = out.to(act_dtype)
+    return out.view(B, H, T, D)
+
+
+def prepare(layer) -> DecodeArgs | None:
+    """The constant arguments of `layer` (a `DecoderLayer` whose products are joined), or
+    None when it is outside this function's scope (the module docstring)."""
+    from app.models.layers import ROPE_HALF
+    from app.models.quantized import INT4_GROUP, QuantizedWeight
+
+    c = layer.cfg
+    qkv, o, gate_up, down = layer.qkv, layer.o, layer.gate_up, layer.down
+    products = (qkv, o, gate_up, down)
+    if not all(isinstance(p, QuantizedWeight) and p.exact_top == 0 and p.device.type == "cpu"
+               and p.codes.scale_zeros.dtype == p.act_dtype for p in products):
+        return None
+    of = layer._qkv_of
+    if not (of and of[0] is layer.q and of[1] is layer.k and of[2] is layer.v and layer.v is not None
+            and of[3] is None and layer.q_bias is None and layer.qkv_bias is None):
+        return None  # Q, K and V not in one product, or with a bias
+    if not (layer._gate_up_of and layer._gate_up_of[0] is layer.gate and layer._gate_up_of[1] is layer.up):
+        return None
+    qk_norm = layer.qk_norm
+    if (layer.q_norm is None) != (layer.k_norm is None) or (
+            layer.q_norm is not None and not (layer._qk_norm_of and layer._qk_norm_of[0] is layer.q_norm
+                                              and layer._qk_norm_of[1] is layer.k_norm)):
+        return None
+    norms = [t for t in (layer.attn_norm, layer.ffn_norm, layer.post_attn_norm, layer.post_ffn_norm, qk_norm)
+             if t is not None]
+    if any(t.dtype != torch.float32 for t in norms):
+        return None
+    spec = layer.rope
+    if spec.rotary_dim != c.head_dim or c.attn_softcap is not None:
+        return None
+    if c.activation not in ("silu", "gelu_tanh"):
+        return None
+    D = c.head_dim
+    if spec.style == ROPE_HALF:  # rotate-half's swap: (i, i + D/2), as `roll` does
+        swap = torch.arange(D).roll(D // 2)
+    else:  # interleaved pairs (2i, 2i + 1)
+        swap = torch.arange(D).view(-1, 2).flip(-1).flatten()
+    empty = torch.empty(0)
+    tensors = [layer.attn_norm, qkv.codes.packed, qkv.codes.scale_zeros, o.codes.packed,
+               o.codes.scale_zeros, layer.ffn_norm, gate_up.codes.packed, gate_up.codes.scale_zeros,
+               down.codes.packed, down.codes.scale_zeros, swap,
+               qk_norm if qk_norm is not None else empty,
+               layer.post_attn_norm if layer.post_attn_norm is not None else empty,
+               layer.post_ffn_norm if layer.post_ffn_norm is not None else empty]
+    ints = [c.n_heads, c.n_kv_heads, D, qkv.codes.planes, o.codes.planes, gate_up.codes.planes,
+            down.codes.planes, int(qk_norm is not None), int(layer.post_attn_norm is not None),
+            int(layer.post_ffn_norm is not None), int(c.activation == "gelu_tanh"), INT4_GROUP]
+    rows_max = min(p.narrow_rows_max if p.wide is not None else 1 << 30 for p in products)
+    return DecodeArgs(tensors, ints, c.rms_eps, c.attention_scale, rows_max)
+
+
+_compiled = None
+_compile_tried = False
+_compile_lock = threading.Lock()
+
+
+def compiled():
+    """`decode_layers` scripted (once a process), or None where TorchScript cannot (no
+    source files, a torch without it)."""
+    global _compiled, _compile_tried
+    if _compile_tried:
+        return _compiled
+    with _compile_lock:
+        if not _compile_tried:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # "torch.jit.script is deprecated"
+                    _compiled = torch.jit.script(decode_layers)
+            except Exception as exc:  # noqa: BLE001 - any failure: the Python path
+                log.info("The scripted decode step is not available (%s); layers run in Python.", exc)
+                _compiled = None
+            _compile_tried = True
+    return _compiled

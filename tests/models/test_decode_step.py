@@ -1,0 +1,130 @@
+"""The scripted decode step (app/models/decode_step.py) computes exactly what a layer's Python
+path computes: the same logits, bit for bit, for one sequence and several together, on both
+built-in models in their run-time 4-bit format (SmolLM2: Llama layout, interleaved RoPE,
+SiLU; Gemma 3: QK-norm, sandwich norms, tanh-GELU, sliding layers, two-plane products), with
+a bfloat16 and a float32 KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.engine.kv_pool import PagedBatchView, PagedKVPool
+from app.models import decode_step
+from app.models.layers import WeightFormat
+from app.models.loader import load_model
+
+CPU = torch.device("cpu")
+PAGE = 16
+INT4_RUNTIME = WeightFormat(torch.float16, False, None, True, torch.bfloat16)  # the CPU policy's
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def int4_model(request, smollm2_model_path, embedded_model_path):
+    path = smollm2_model_path if request.param == "smollm2" else embedded_model_path
+    loaded = load_model(path, CPU, torch.float16, torch.float32, int4=INT4_RUNTIME)
+    assert all(layer._decode_args is not None for layer in loaded.model.layers)
+    return loaded
+
+
+@pytest.fixture
+def scripted_calls(monkeypatch):
+    """Counts the passes run by the scripted step (so no test passes without it)."""
+    step = decode_step.compiled()
+    assert step is not None, "TorchScript could not compile the decode step"
+    calls = []
+
+    def counting():
+        def run(*args):
+            calls.append(len(args[1]))  # the layers it ran
+            return step(*args)
+        return run
+
+    monkeypatch.setattr(decode_step, "compiled", counting)
+    return calls
+
+
+def _decode(loaded, prompts: dict[str, list[int]], steps: int, kv_dtype: torch.dtype,
+            together: bool = True) -> dict[str, list[torch.Tensor]]:
+    """Prefill every prompt, then `steps` greedy decode steps: all sequences in one pass per
+    step (`together`) or each alone; -> each sequence's logits after every step."""
+    model = loaded.model
+    pages_each = (max(map(len, prompts.values())) + steps) // PAGE + 1
+    pool = PagedKVPool(model.kv_facts, 1 + pages_each * len(prompts), PAGE, CPU, kv_dtype)
+    tables = {key: list(range(1 + i * pages_each, 1 + (i + 1) * pages_each)) for i, key in enumerate(prompts)}
+    written = dict.fromkeys(prompts, 0)
+    logits: dict[str, list[torch.Tensor]] = {key: [] for key in prompts}
+    pending = dict(prompts)  # what each sequence feeds next
+
+    def run(keys: list[str]) -> None:
+        view = PagedBatchView(pool, [tables[k] for k in keys], [written[k] for k in keys],
+                              [len(pending[k]) for k in keys], keys=keys)
+        tokens = torch.tensor([[t for k in keys for t in pending[k]]])
+        with torch.inference_mode():
+            hidden = model(tokens, view.positions(), view)
+            rows = model.logits(hidden[0, view.last_token_rows()])
+        for key, row in zip(keys, rows):
+            written[key] += len(pending[key])
+            logits[key].append(row)
+            pending[key] = [int(row.argmax())]
+
+    for key in prompts:  # prompts one by one: prefill chunks take the Python path
+        run([key])
+    for _ in range(steps):
+        if together:
+            run(list(prompts))
+        else:
+            for key in prompts:
+                run([key])
+    return logits
+
+
+def _prompts(n: int, length: int = 40) -> dict[str, list[int]]:
+    return {f"s{i}": [1] + [(37 * j + 101 * i) % 4000 + 50 for j in range(length + 7 * i)] for i in range(n)}
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+def test_scripted_decode_equals_the_python_path(int4_model, kv_dtype, monkeypatch, scripted_calls):
+    prompts = _prompts(3)
+    scripted = _decode(int4_model, prompts, 4, kv_dtype) | {
+        f"alone-{k}": v for k, v in _decode(int4_model, prompts, 2, kv_dtype, together=False).items()}
+    layers = len(int4_model.model.layers)
+    assert scripted_calls == [layers] * (4 + 3 * 2)  # every decode step (all layers), no prefill
+    monkeypatch.setattr(decode_step, "compiled", lambda: None)
+    python = _decode(int4_model, prompts, 4, kv_dtype) | {
+        f"alone-{k}": v for k, v in _decode(int4_model, prompts, 2, kv_dtype, together=False).items()}
+    for key in python:
+        for got, want in zip(scripted[key], python[key], strict=True):
+            assert torch.equal(got, want), key
+
+
+def test_a_sequence_past_the_sliding_window_decodes_as_in_python(int4_model, monkeypatch, scripted_calls):
+    """Gemma 3's sliding layers see the last 512 positions: the slice starts past 0."""
+    windows = [w for w in int4_model.model.kv_facts.windows if w is not None]
+    length = (min(windows) + 40) if windows else 80
+    prompts = {"long": [1] + [(13 * j) % 3000 + 60 for j in range(length)], "short": _prompts(1)["s0"]}
+    scripted = _decode(int4_model, prompts, 3, torch.bfloat16)
+    assert scripted_calls
+    monkeypatch.setattr(decode_step, "compiled", lambda: None)
+    python = _decode(int4_model, prompts, 3, torch.bfloat16)
+    for key in python:
+        assert all(torch.equal(a, b) for a, b in zip(scripted[key], python[key], strict=True))
+
+
+def test_assigning_a_weight_after_loading_sends_the_layer_back_to_python(int4_model):
+    layer = int4_model.model.layers[0]
+    args, o = layer._decode_args, layer.o
+    try:
+        layer.o = o  # any assignment of a weight the step reads
+        assert layer._decode_args is None
+        layer.fuse_products()
+        assert layer._decode_args is not None
+    finally:
+        layer._decode_args = args
+
+
+def test_layers_outside_the_scope_keep_their_python_path(int4_model):
+    """Float weights (the float32 reference path) are not scripted."""
+    path = int4_model.path
+    exact = load_model(path, CPU, torch.float32, torch.float32)
+    assert all(layer._decode_args is None for layer in exact.model.layers)

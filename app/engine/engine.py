@@ -48,6 +48,9 @@ from app.heap import release_freed_memory
 from app.models.loader import LoadedModel
 
 
+_WARM_UP = ("warm-up",)  # the warm-up's scratch sequence, as the pool's key for its KV copy
+
+
 class EngineError(ValueError):
     """A request the engine refuses at submission; the message says why."""
 
@@ -137,7 +140,10 @@ class Engine:
     def _warm_up(self, small: int = 4, chunk: int = 32) -> None:
         """Passes of 1, `small` and `chunk` tokens on scratch pages, twice: the first call of
         each kernel is slow (lazy initialisation); the second round's timings give the
-        decode pass and a first guess at the interleaved chunk."""
+        decode pass and a first guess at the interleaved chunk. The scratch sequence keeps a
+        KV copy as a request's does, so its one-token pass is a decode pass as the engine
+        runs them (the scripted decode step, app.models.decode_step, compiled here rather
+        than in the first reply)."""
         ps = self.config.page_size
         pages = self.pages.allocate(min(-(-chunk // ps), self.pages.free_count))
         chunk = min(chunk, len(pages) * ps)
@@ -147,10 +153,11 @@ class Engine:
                 times = {n: self._timed_pass(pages, n) for n in (1, small, chunk)}
             self.pacer.warmed_up(times[1], small, times[small], chunk, times[chunk])
         finally:
+            self.pool.forget(_WARM_UP)
             self.pages.release(pages)
 
     def _timed_pass(self, pages: list[int], n: int) -> float:
-        view = PagedBatchView(self.pool, [pages], [0], [n])
+        view = PagedBatchView(self.pool, [pages], [0], [n], keys=[_WARM_UP])
         tokens = torch.full((1, n), self.loaded.filler_token_id, device=self.loaded.device)
         started = time.perf_counter()
         self.loaded.model.logits(self.loaded.model(tokens, view.positions(), view)[0, -1:])

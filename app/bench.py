@@ -34,6 +34,7 @@ import torch
 from app.engine.engine import Engine, EngineConfig
 from app.engine.events import Finished, Token
 from app.engine.sampling import SamplingParams
+from app.models import decode_step
 from app.models.chat_template import Message, encode_chat
 from app.models.loader import LoadedModel
 from app.models.prompt import bos_prefix
@@ -139,7 +140,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
                      # measured now, cached and checked now, cached unchecked, ... (kernel_policy)
                      "policy_status": getattr(loaded.load_plan, "policy_status", ""),
                      "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                     "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2)}
+                     "threads": torch.get_num_threads(), "load_s": round(loaded.load_seconds, 2),
+                     "decode_step": decode_step.mode(loaded.model)}
 
     # 1. decode, one stream
     ids = bos_prefix(tok) + filler_ids(tok, 32)

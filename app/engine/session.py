@@ -31,6 +31,7 @@ from app.engine.engine import Engine, EngineConfig
 from app.engine.kv_disk import open_store
 from app.engine.runner import EngineRunner, Listener
 from app.engine.sampling import SamplingParams
+from app.models import decode_step
 from app.models.chat_template import Message, encode_chat
 from app.openmp import run_on_passing_thread
 
@@ -47,6 +48,7 @@ class ModelInfo:
     # The CPU weight policy's choice and its reason, for the status bar (kernel_policy).
     policy_label: str = ""
     policy_reason: str = ""
+    decode_step: str = ""  # how decode passes run: "TorchScript" or "Python" (app.models.decode_step)
 
 
 class NoModelError(RuntimeError):
@@ -80,7 +82,7 @@ class ModelSession:
         context = self._runner.engine.context_length if self._runner else loaded.context_length
         return ModelInfo(str(loaded.path), loaded.name, loaded.architecture, str(loaded.device),
                          loaded.weights_label, context, loaded.load_seconds,
-                         loaded.policy_label, loaded.policy_reason)
+                         loaded.policy_label, loaded.policy_reason, decode_step.mode(loaded.model))
 
     @property
     def policy_status(self) -> str:

@@ -171,6 +171,16 @@ def run(layers, x: torch.Tensor, tables: dict, kv) -> Optional[torch.Tensor]:
                 [plans[layer.window][3] for layer in layers])
 
 
+def mode(model) -> str:
+    """How `model`'s decode passes run: "TorchScript" (every layer in scope and the step
+    compiled) or "Python". For the status bar's tooltip, `bench` and the frozen self-test."""
+    layers = getattr(model, "layers", None)
+    if layers and all(getattr(layer, "_decode_args", None) is not None for layer in layers) \
+            and compiled() is not None:
+        return "TorchScript"
+    return "Python"
+
+
 def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, planes: int,
           group: int, promotes: bool) -> torch.Tensor:
     """`quantized.int4_linear` on 2-D x (its scales are in its activation dtype)."""

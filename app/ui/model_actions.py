@@ -286,8 +286,10 @@ class ModelActions:
         """Where the model runs and in which format; what the CPU policy chose, and why, on
         hover."""
         self.window.device_label.setText(f"{info.device} · {info.dtype}")
-        self.window.device_label.setToolTip(
-            f"{info.policy_label}: {info.policy_reason}" if info.policy_reason else "")
+        lines = [f"{info.policy_label}: {info.policy_reason}"] if info.policy_reason else []
+        if getattr(info, "decode_step", ""):  # (a remote server's model has none)
+            lines.append(f"Decode steps run in {info.decode_step}.")
+        self.window.device_label.setToolTip("\n".join(lines))
 
     def _on_policy_settled(self, info) -> None:
         """The background measurement settled the loaded model's format (swapped in, or

@@ -50,8 +50,10 @@ def run_self_test(window, app) -> int:
         reply = path[-1]
         if reply.status != "complete":
             return finish(1, f"self-test: the reply ended as {reply.status}: {reply.error or ''}")
-        finish(0, f"self-test reply ({controller.model_info.name}, {controller.model_info.device}, "
-                  f"{controller.model_info.dtype}): {reply.content.strip()!r}")
+        info = controller.model_info
+        decode = f", decode steps in {info.decode_step}" if getattr(info, "decode_step", "") else ""
+        finish(0, f"self-test reply ({info.name}, {info.device}, {info.dtype}{decode}): "
+                  f"{reply.content.strip()!r}")
 
     timer = QTimer(window)
     timer.timeout.connect(poll)

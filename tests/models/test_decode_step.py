@@ -128,3 +128,25 @@ def test_layers_outside_the_scope_keep_their_python_path(int4_model):
     path = int4_model.path
     exact = load_model(path, CPU, torch.float32, torch.float32)
     assert all(layer._decode_args is None for layer in exact.model.layers)
+    assert decode_step.mode(exact.model) == "Python"
+    assert decode_step.mode(int4_model.model) == "TorchScript"
+
+
+def test_without_torchscript_the_layers_run_in_python(int4_model, monkeypatch):
+    monkeypatch.setattr(decode_step, "compiled", lambda: None)
+    assert decode_step.mode(int4_model.model) == "Python"
+    prompts = _prompts(2)
+    logits = _decode(int4_model, prompts, 2, torch.bfloat16)  # the Python path, and no error
+    assert all(len(rows) == 3 for rows in logits.values())
+
+
+def test_a_failed_compilation_leaves_the_python_path(monkeypatch):
+    """A frozen build without the source, a torch without TorchScript: no error, no step."""
+    def refuse(fn):
+        raise OSError("Can't get source for decode_layers")
+
+    monkeypatch.setattr(decode_step, "_compiled", None)
+    monkeypatch.setattr(decode_step, "_compile_tried", False)
+    monkeypatch.setattr(torch.jit, "script", refuse)
+    assert decode_step.compiled() is None
+    assert decode_step.compiled() is None  # tried once

@@ -50,7 +50,10 @@ def test_the_status_bar_follows_the_measured_format_and_says_why(driver):
     driver.controller.bridge.policySettled.emit(settled)
     driver.qtbot.waitUntil(lambda: label.text() == f"{loaded.device} · int4(bfloat16)+float16",
                            timeout=5_000)
-    assert label.toolTip() == "int4_bf16, bfloat16 KV: measured on this CPU: KV cache bfloat16"
+    assert label.toolTip().splitlines() == [
+        "int4_bf16, bfloat16 KV: measured on this CPU: KV cache bfloat16",
+        f"Decode steps run in {loaded.decode_step}."]
+    assert loaded.decode_step in ("TorchScript", "Python")
     assert driver.controller.model_info == settled
 
 

@@ -173,10 +173,13 @@ def run(layers, x: torch.Tensor, tables: dict, kv) -> Optional[torch.Tensor]:
 
 def mode(model) -> str:
     """How `model`'s decode passes run: "TorchScript" (every layer in scope and the step
-    compiled) or "Python". For the status bar's tooltip, `bench` and the frozen self-test."""
+    compiled), "Python" (a layer outside the scope: float weights, ...) or "Python
+    (TorchScript unavailable)". For the status bar's tooltip, `bench` and the frozen
+    self-test (whose first start runs float16 weights: the last form is what it checks)."""
+    if compiled() is None:
+        return "Python (TorchScript unavailable)"
     layers = getattr(model, "layers", None)
-    if layers and all(getattr(layer, "_decode_args", None) is not None for layer in layers) \
-            and compiled() is not None:
+    if layers and all(getattr(layer, "_decode_args", None) is not None for layer in layers):
         return "TorchScript"
     return "Python"
 

@@ -134,7 +134,7 @@ def test_layers_outside_the_scope_keep_their_python_path(int4_model):
 
 def test_without_torchscript_the_layers_run_in_python(int4_model, monkeypatch):
     monkeypatch.setattr(decode_step, "compiled", lambda: None)
-    assert decode_step.mode(int4_model.model) == "Python"
+    assert decode_step.mode(int4_model.model) == "Python (TorchScript unavailable)"
     prompts = _prompts(2)
     logits = _decode(int4_model, prompts, 2, torch.bfloat16)  # the Python path, and no error
     assert all(len(rows) == 3 for rows in logits.values())

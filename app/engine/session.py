@@ -48,7 +48,7 @@ class ModelInfo:
     # The CPU weight policy's choice and its reason, for the status bar (kernel_policy).
     policy_label: str = ""
     policy_reason: str = ""
-    decode_step: str = ""  # how decode passes run: "TorchScript" or "Python" (app.models.decode_step)
+    decode_step: str = ""  # how decode passes run: "TorchScript", "Python", ... (decode_step.mode)
 
 
 class NoModelError(RuntimeError):

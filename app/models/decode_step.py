@@ -49,8 +49,6 @@ log = logging.getLogger(__name__)
 # names them once at its top): H, Hkv, D, the planes of the qkv, o, gate_up and down
 # products, then 0/1 for QK-norm, a norm after attention, a norm after the MLP, tanh-GELU,
 # and the 4-bit kernel's group size.
-INT_NAMES = ("H", "Hkv", "D", "qkv_planes", "o_planes", "gate_up_planes", "down_planes",
-             "qk_norm", "post_attn_norm", "post_ffn_norm", "gelu", "group")
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ class DecodeArgs:
     """One layer's constant arguments: tensors [attn_norm, qkv packed, qkv scales, o packed,
     o scales, ffn_norm, gate_up packed, gate_up scales, down packed, down scales, RoPE pair
     swap, qk_norm, post_attn_norm, post_ffn_norm] (an absent norm: an empty tensor, its flag
-    0) and `ints` as `INT_NAMES` names them. `rows_max`: the most rows every product keeps on its
+    0) and `ints` in the order the comment above gives. `rows_max`: the most rows every product keeps on its
     planes."""
 
     tensors: list
@@ -218,7 +216,7 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, Hkv: int,
 def prepare(layer) -> DecodeArgs | None:
     """The constant arguments of `layer` (a `DecoderLayer` whose products are joined), or
     None when it is outside this function's scope (the module docstring)."""
-    from app.models.layers import ROPE_HALF
+    from app.models.layers import ROPE_HALF, _pair_swap
     from app.models.quantized import INT4_GROUP, QuantizedWeight
 
     c = layer.cfg
@@ -250,8 +248,8 @@ def prepare(layer) -> DecodeArgs | None:
     D = c.head_dim
     if spec.style == ROPE_HALF:  # rotate-half's swap: (i, i + D/2), as `roll` does
         swap = torch.arange(D).roll(D // 2)
-    else:  # interleaved pairs (2i, 2i + 1)
-        swap = torch.arange(D).view(-1, 2).flip(-1).flatten()
+    else:  # interleaved pairs (2i, 2i + 1): the order `rotate` gathers by
+        swap = _pair_swap(D, qkv.device)
     empty = torch.empty(0)
     tensors = [layer.attn_norm, qkv.codes.packed, qkv.codes.scale_zeros, o.codes.packed,
                o.codes.scale_zeros, layer.ffn_norm, gate_up.codes.packed, gate_up.codes.scale_zeros,

@@ -20,8 +20,12 @@ A pass where any layer is outside it runs every layer's Python, unchanged.
 
 Bitwise the same as that Python path (tests/models/test_decode_step.py, both built-in
 models, one and several sequences, bfloat16 and float32 KV): each operation here is the one
-it runs, on tensors of the same dtypes, shapes and strides. The one liberty: RoPE's pair
-swap, a permutation (exact whatever does it), is always a gather by index here. So this is
+it runs, on tensors of the same dtypes, shapes and strides. The liberties change no value:
+RoPE's pair swap, a permutation, is always a gather by index here; and the views every
+sequence's attention needs in every layer (its query, its slice of keys and values, its
+output) are made with fewer operations than the KV view's general path makes them, one
+loop for one sequence or several (each operation there is paid per sequence and layer;
+docs/ARCHITECTURE.md has what it saved). So this is
 a second spelling of the layer for one case, held to the first by those tests: a change to
 `DecoderLayer.forward`, `int4_linear` or `PagedBatchView.attend` needs its twin here (the
 tests fail until it has one).
@@ -87,31 +91,24 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
         qk = F.rms_norm(qk, [D], None, eps) * w[11]
     qk = torch.addcmul(qk * cos, qk.index_select(-1, w[10]), sin)
     parts = qk.split_with_sizes([H, Hkv], 2)
-    q, k = parts[0].transpose(1, 2), parts[1].transpose(1, 2)
-    v = v.transpose(1, 2)
+    q, k, v = parts[0], parts[1].transpose(1, 2), v.transpose(1, 2)  # q [1, N, H, D]; k, v [1, Hkv, N, D]
     kv_dtype = datas[0].dtype
     if q.dtype != kv_dtype:
         q = q.to(kv_dtype)
-    if N == 1:
-        data = datas[0]
-        keys, values = data[layer, 0:1], data[layer, 1:2]
-        keys.narrow(2, starts[0], 1).copy_(k)
-        values.narrow(2, starts[0], 1).copy_(v)
-        out = _attend(q, keys.narrow(2, firsts[0], seens[0]), values.narrow(2, firsts[0], seens[0]),
-                      Hkv, scale)
-        out = out.reshape(1, H * D)
-    else:
-        counts = [1] * N
-        queries = q.split_with_sizes(counts, 2)
-        news = torch.cat((k, v)).split_with_sizes(counts, 2)
-        outs: List[torch.Tensor] = []
-        for i in range(N):
-            data = datas[i]
-            both, keys, values = data[layer], data[layer, 0:1], data[layer, 1:2]
-            both.narrow(2, starts[i], 1).copy_(news[i])
-            outs.append(_attend(queries[i], keys.narrow(2, firsts[i], seens[i]),
-                                values.narrow(2, firsts[i], seens[i]), Hkv, scale))
-        out = torch.cat(outs, dim=2).transpose(1, 2).reshape(N, H * D)
+    # Per sequence, what `_attend` hands SDPA, made with as few operations as possible (each
+    # is paid per sequence and layer): its query [1, Hkv, H / Hkv, D] (the same strides as
+    # _attend's reshape gives), the keys and values it sees [1, Hkv, seens[i], D] (views of
+    # the copy, as the KV view's), and its output [1, Hkv, H / Hkv, D] in the cache's dtype.
+    queries = q.reshape(N, Hkv, H // Hkv, D).split(1)
+    news = torch.cat((k, v)).split(1, 2)  # [2, Hkv, 1, D] each: one copy writes both
+    outs: List[torch.Tensor] = []
+    for i in range(N):
+        both = datas[i][layer]  # [2, Hkv, capacity, D]
+        both.narrow(2, starts[i], 1).copy_(news[i])
+        seen = both.narrow(2, firsts[i], seens[i]).split(1)
+        outs.append(F.scaled_dot_product_attention(queries[i], seen[0], seen[1], scale=scale))
+    # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
+    out = outs[0].view(1, H * D) if N == 1 else torch.cat(outs).view(N, H * D)
     h = _int4(out, w[3], w[4], o_planes, group, not post_attn)
     if post_attn:
         h = _widen(h, x.dtype)
@@ -197,20 +194,6 @@ def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, plan
 def _widen(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`linear_from`'s last step without `promotes`: the result in the activations' dtype."""
     return h if h.dtype == dtype else h.to(dtype)
-
-
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, Hkv: int,
-            scale: float) -> torch.Tensor:
-    """`DecoderLayer._attend` for one sequence's decode query (no mask)."""
-    B, H, T, D = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    q = q.reshape(B, Hkv, (H // Hkv) * T, D)
-    act_dtype = q.dtype
-    if keys.dtype != act_dtype:
-        q = q.to(keys.dtype)
-    out = F.scaled_dot_product_attention(q, keys, values, scale=scale)
-    if out.dtype != act_dtype:
-        out = out.to(act_dtype)
-    return out.view(B, H, T, D)
 
 
 def prepare(layer) -> DecodeArgs | None:

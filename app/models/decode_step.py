@@ -23,9 +23,8 @@ models, one and several sequences, bfloat16 and float32 KV): each operation here
 it runs, on tensors of the same dtypes, shapes and strides. The liberties change no value:
 RoPE's pair swap, a permutation, is always a gather by index here; and the views every
 sequence's attention needs in every layer (its query, its slice of keys and values, its
-output) are made with fewer operations than the KV view's general path makes them, one
-loop for one sequence or several (each operation there is paid per sequence and layer;
-docs/ARCHITECTURE.md has what it saved). So this is
+output) are made with fewer operations than the KV view's general path makes them (each
+is paid per sequence and layer; docs/ARCHITECTURE.md has what it saved). So this is
 a second spelling of the layer for one case, held to the first by those tests: a change to
 `DecoderLayer.forward`, `int4_linear` or `PagedBatchView.attend` needs its twin here (the
 tests fail until it has one).
@@ -99,16 +98,25 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
     # is paid per sequence and layer): its query [1, Hkv, H / Hkv, D] (the same strides as
     # _attend's reshape gives), the keys and values it sees [1, Hkv, seens[i], D] (views of
     # the copy, as the KV view's), and its output [1, Hkv, H / Hkv, D] in the cache's dtype.
-    queries = q.reshape(N, Hkv, H // Hkv, D).split(1)
-    news = torch.cat((k, v)).split(1, 2)  # [2, Hkv, 1, D] each: one copy writes both
-    outs: List[torch.Tensor] = []
-    for i in range(N):
-        both = datas[i][layer]  # [2, Hkv, capacity, D]
-        both.narrow(2, starts[i], 1).copy_(news[i])
-        seen = both.narrow(2, firsts[i], seens[i]).split(1)
-        outs.append(F.scaled_dot_product_attention(queries[i], seen[0], seen[1], scale=scale))
-    # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
-    out = outs[0].view(1, H * D) if N == 1 else torch.cat(outs).view(N, H * D)
+    if N == 1:  # (keys and values written by a copy each: no joined copy of the two)
+        both = datas[0][layer]  # [2, Hkv, capacity, D]
+        slot = both.narrow(2, starts[0], 1)
+        slot[0].copy_(k[0])
+        slot[1].copy_(v[0])
+        seen = both.narrow(2, firsts[0], seens[0]).split(1)
+        out = F.scaled_dot_product_attention(q.view(1, Hkv, H // Hkv, D), seen[0], seen[1],
+                                             scale=scale).view(1, H * D)
+    else:
+        queries = q.reshape(N, Hkv, H // Hkv, D).split(1)
+        news = torch.cat((k, v)).split(1, 2)  # [2, Hkv, 1, D] each: one copy writes both
+        outs: List[torch.Tensor] = []
+        for i in range(N):
+            both = datas[i][layer]
+            both.narrow(2, starts[i], 1).copy_(news[i])
+            seen = both.narrow(2, firsts[i], seens[i]).split(1)
+            outs.append(F.scaled_dot_product_attention(queries[i], seen[0], seen[1], scale=scale))
+        # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
+        out = torch.cat(outs).view(N, H * D)
     h = _int4(out, w[3], w[4], o_planes, group, not post_attn)
     if post_attn:
         h = _widen(h, x.dtype)

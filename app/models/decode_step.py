@@ -94,10 +94,11 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
     kv_dtype = datas[0].dtype
     if q.dtype != kv_dtype:
         q = q.to(kv_dtype)
-    # Per sequence, what `_attend` hands SDPA, made with as few operations as possible (each
-    # is paid per sequence and layer): its query [1, Hkv, H / Hkv, D] (the same strides as
-    # _attend's reshape gives), the keys and values it sees [1, Hkv, seens[i], D] (views of
-    # the copy, as the KV view's), and its output [1, Hkv, H / Hkv, D] in the cache's dtype.
+    # Per sequence, what `DecoderLayer._attend` hands SDPA, made with as few operations as
+    # possible (each is paid per sequence and layer): its query [1, Hkv, H / Hkv, D] (the
+    # same strides as its reshape gives), the keys and values it sees [1, Hkv, seens[i], D]
+    # (views of the copy, as the KV view's), and its output [1, Hkv, H / Hkv, D] in the
+    # cache's dtype.
     if N == 1:  # (keys and values written by a copy each: no joined copy of the two)
         both = datas[0][layer]  # [2, Hkv, capacity, D]
         slot = both.narrow(2, starts[0], 1)

@@ -287,7 +287,7 @@ class ModelActions:
         hover."""
         self.window.device_label.setText(f"{info.device} · {info.dtype}")
         lines = [f"{info.policy_label}: {info.policy_reason}"] if info.policy_reason else []
-        if getattr(info, "decode_step", ""):  # (a remote server's model has none)
+        if info.decode_step:  # (a remote server's model has none)
             lines.append(f"Decode steps run in {info.decode_step}.")
         self.window.device_label.setToolTip("\n".join(lines))
 

@@ -112,6 +112,7 @@ class RemoteModelInfo:
     load_seconds: float = 0.0
     policy_label: str = ""
     policy_reason: str = ""
+    decode_step: str = ""  # no local decode step: the tooltip and self-test say nothing of it
 
 
 def fetch_models(settings: RemoteSettings) -> list[RemoteModel]:

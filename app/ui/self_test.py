@@ -51,7 +51,7 @@ def run_self_test(window, app) -> int:
         if reply.status != "complete":
             return finish(1, f"self-test: the reply ended as {reply.status}: {reply.error or ''}")
         info = controller.model_info
-        decode = f", decode steps in {info.decode_step}" if getattr(info, "decode_step", "") else ""
+        decode = f", decode steps in {info.decode_step}" if info.decode_step else ""
         finish(0, f"self-test reply ({info.name}, {info.device}, {info.dtype}{decode}): "
                   f"{reply.content.strip()!r}")
 

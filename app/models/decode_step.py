@@ -24,14 +24,14 @@ it runs, on tensors of the same dtypes, shapes and strides. The liberties change
 RoPE's pair swap, a permutation, is always a gather by index here; and the views every
 sequence's attention needs in every layer (its query, its slice of keys and values, its
 output) are made with fewer operations than the KV view's general path makes them (each
-is paid per sequence and layer; docs/ARCHITECTURE.md has what it saved). So this is
+is paid per sequence and layer; docs/performance.md has what it saved). So this is
 a second spelling of the layer for one case, held to the first by those tests: a change to
 `DecoderLayer.forward`, `int4_linear` or `PagedBatchView.attend` needs its twin here (the
 tests fail until it has one).
 
 TorchScript needs this file's source (the frozen build ships it: packaging/ferrox-chat.spec)
 and is deprecated in favour of torch.compile, which needs a C++ compiler on the user's
-machine (and its guards cost more than these kernels: docs/ARCHITECTURE.md); where
+machine (and its guards cost more than these kernels: docs/performance.md); where
 scripting fails, `compiled()` says None and the layers keep their Python path.
 """
 

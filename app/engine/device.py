@@ -139,6 +139,9 @@ class LoadPlan:
     # The KV cache's dtype when the policy measured one faster than the activations' dtype
     # (None: the activations' dtype, as every plan without a measured policy).
     kv_dtype: torch.dtype | None = None
+    # From how many keys a decode step asks attention per query head, where the policy
+    # measured that faster (None: never; `TransformerLM.per_head_from`).
+    per_head_from: int | None = None
 
 
 def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None) -> LoadPlan:
@@ -146,7 +149,7 @@ def plan_from_policy(policy, device: torch.device, file_bytes: int, shapes=None)
     fmt, wide = policy.weight_format(device, file_bytes)
     reason = policy.reason + (" (cached)" if policy.cached and "(cached" not in policy.reason else "")
     return LoadPlan(fmt.dtype, wide, fmt if fmt.int4 else None, policy.label, reason, shapes, file_bytes,
-                    policy.status, policy.kv_dtype)
+                    policy.status, policy.kv_dtype, policy.per_head_from)
 
 
 def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> LoadPlan:
@@ -213,6 +216,8 @@ def load_planned(path, torch_device: torch.device, plan: LoadPlan, progress=None
                         progress=progress, int4=plan.int4, weight_cache_dir=cache)
     loaded.policy_label, loaded.policy_reason = plan.label, plan.reason
     loaded.load_plan = plan
+    if hasattr(loaded.model, "per_head_from"):
+        loaded.model.per_head_from = plan.per_head_from
     if torch_device.type == "cpu":
         release_freed_memory()  # the load's float32 temporaries (see `app.heap`)
     return loaded

@@ -72,6 +72,16 @@ does not. bfloat16 is chosen only when it beats float32 by more than the noise (
 its prefill chunks' attention took 2.0 ms against 7.2); float32
 stays the default, and the exact reference (a dtype chosen by hand keeps its KV in the
 activations' dtype). Its quality cost is reported by the same script (`--kv bfloat16`).
+
+The same repetitions time that decode step's attention asked per query head (`enable_gqa`)
+instead of per KV head, in the chosen dtype (`pick_layout`). torch's CPU kernel multiplies
+each block of keys by a KV head's G queries in one small product; on a 2-core AMX Xeon G
+products of one query each were faster over long contexts for SmolLM2 (3 queries a KV head:
+30 layers at 4,096 positions 13.9 -> 9.6 ms timed alone; its decode after 4,000 prompt
+tokens +17% in the engine) and slower for Gemma 3
+270M (4 of head size 256: 454 -> 664 us a layer) and for both over short contexts. So when
+per head beats per KV head at `KV_CONTEXT` positions beyond the noise, decode steps over at
+least `PER_HEAD_FROM` keys ask per head; shorter ones, and every other case, per KV head.
 """
 
 from __future__ import annotations
@@ -103,7 +113,8 @@ CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters
 # 4: the KV cache's dtype (attention in float32 and bfloat16) in the same repetitions;
 # 5: bfloat16 KV taken for a prefill win too.
 # 6: and for a decode win whose prefill attention costs a chunk at most KV_PREFILL_SHARE more.
-MEASURE_VERSION = 6
+# 7: decode attention per query head as well (`pick_layout`).
+MEASURE_VERSION = 7
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
@@ -147,6 +158,10 @@ KV_PREFILL_SHARE = 0.05
 KV_CONTEXT = 2048
 # Queries of the timed prefill attention (one layer; keys: the chunk and as many before it).
 KV_PREFILL_ROWS = PREFILL_ROWS
+# Where per-head decode attention is measured faster at KV_CONTEXT, it is used from this many
+# keys on: SmolLM2 on a 2-core AMX Xeon crossed over near 512 (timed alone) and decoded 9.6%
+# faster at 1,500 positions in the engine; short contexts stay per KV head, as measured there.
+PER_HEAD_FROM = KV_CONTEXT // 2
 # Two copies of the weights (decode and prefill kinds differ) only for model files up to
 # this size (a Q4 file of 800 MB is ~1.4B parameters).
 TWO_COPIES_MAX_FILE_BYTES = 800 * 2**20
@@ -219,11 +234,17 @@ class Policy:
     status: str = ""  # MEASURED, CHECKED, ...: not stored
     kv: str = KV_DEFAULT
     kv_ms: dict[str, float] = field(default_factory=dict)  # a decode step's attention
+    kv_per_head: bool = False  # long decode steps ask attention per query head (`pick_layout`)
 
     @property
     def kv_dtype(self) -> torch.dtype | None:
         """The KV cache's dtype, or None for the default (the activations' dtype)."""
         return None if self.kv == KV_DEFAULT else _FLOAT[self.kv]
+
+    @property
+    def per_head_from(self) -> int | None:
+        """From how many keys a decode step asks attention per query head (None: never)."""
+        return PER_HEAD_FROM if self.kv_per_head else None
 
     def weight_format(self, device: torch.device, file_bytes: int) -> tuple[WeightFormat, torch.dtype | None]:
         """The format to load with, and the wide (prefill) float dtype when two copies are kept.
@@ -331,6 +352,7 @@ def _policy_from(entry) -> Policy | None:
                ) else [None]
     ok = (policy.decode in KINDS and policy.prefill in KINDS and policy.decode in policy.decode_ms
           and policy.prefill in policy.prefill_ms and policy.kv in KV_KINDS
+          and isinstance(policy.kv_per_head, bool)
           and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers))
     return policy if ok else None
 
@@ -511,6 +533,7 @@ class _KVRun:
         self.values = [torch.randn(shape, generator=gen).to(dtype) for _ in range(timed)]
         group = heads // kv_heads
         self.q1 = torch.randn(1, kv_heads, group, head_dim, generator=gen)
+        self.q1_per_head = self.q1.view(1, heads, 1, head_dim)  # the same queries, one a row
         self.qp = torch.randn(1, kv_heads, group * KV_PREFILL_ROWS, head_dim, generator=gen)
         self.scale = head_dim ** -0.5
         self.dtype = dtype
@@ -519,18 +542,26 @@ class _KVRun:
         k, v = self.keys[layer], self.values[layer]
         if keys < k.shape[2]:
             k, v = k[:, :, :keys], v[:, :, :keys]
-        out = torch.nn.functional.scaled_dot_product_attention(q.to(self.dtype), k, v, scale=self.scale)
+        per_head = q.shape[1] != k.shape[1]  # (query heads sharing a KV head: enable_gqa)
+        out = torch.nn.functional.scaled_dot_product_attention(q.to(self.dtype), k, v, scale=self.scale,
+                                                               enable_gqa=per_head)
         return out.to(q.dtype)
 
     def warm_up(self) -> None:
         self._attend(self.q1, 0, KV_CONTEXT)
         self._attend(self.qp, 0, 2 * KV_PREFILL_ROWS)
+        try:
+            self._attend(self.q1_per_head, 0, KV_CONTEXT)
+        except Exception:  # noqa: BLE001 - its timing fails alike and is dropped (`_measure`)
+            pass
 
-    def decode_pass(self) -> float:
-        """Milliseconds for one decode step's attention, every layer."""
+    def decode_pass(self, per_head: bool = False) -> float:
+        """Milliseconds for one decode step's attention, every layer, asked per KV head (the
+        queries sharing it as rows) or `per_head`."""
+        q = self.q1_per_head if per_head else self.q1
         t0 = time.perf_counter()
         for layer in range(len(self.keys)):
-            self._attend(self.q1, layer, KV_CONTEXT)
+            self._attend(q, layer, KV_CONTEXT)
         return 1000 * (time.perf_counter() - t0) * self.scale_up
 
     def prefill_pass(self) -> float:
@@ -590,6 +621,10 @@ class Measurement:
     kv_spread: dict[str, float] = field(default_factory=dict)
     # Kinds (and "kv <dtype>") whose kernels raised on this machine: left out, with the error.
     failed: dict[str, str] = field(default_factory=dict)
+    # The same decode step's attention asked per query head, and its spread (models whose
+    # query heads share KV heads; `pick_layout`).
+    kv_per_head_ms: dict[str, float] = field(default_factory=dict)
+    kv_per_head_spread: dict[str, float] = field(default_factory=dict)
 
     @property
     def ran(self) -> bool:
@@ -656,6 +691,8 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
     samples_p: dict[str, list[dict]] = {k: [] for k in prefill}
     kv_kinds = list(KV_KINDS) if all(shapes.kv) else []
     samples_kv: dict[str, list[tuple[float, float]]] = {k: [] for k in kv_kinds}
+    grouped = bool(kv_kinds) and shapes.kv[1] > shapes.kv[2]  # query heads share KV heads
+    samples_kvh: dict[str, list[float]] = {k: [] for k in kv_kinds if grouped}
     probes: list[float] = []
     shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -732,11 +769,19 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
                     return None
                 probes.append(_probe_ms())
                 try:
-                    samples_kv[kind].append((kv_runs[kind].decode_pass(), kv_runs[kind].prefill_pass()))
+                    run = kv_runs[kind]
+                    samples_kv[kind].append((run.decode_pass(), run.prefill_pass()))
                 except Exception as exc:
                     fails(f"kv {kind}", exc)
                     del kv_runs[kind]
                     samples_kv[kind] = []
+                    samples_kvh.pop(kind, None)
+                    continue
+                if kind in samples_kvh:  # after them, so theirs are timed as they always were
+                    try:
+                        samples_kvh[kind].append(run.decode_pass(per_head=True))
+                    except Exception:  # per head cannot run here: per KV head, as before
+                        del samples_kvh[kind]
             if rep == 0:  # a kind that cannot win is not timed again
                 for samples, active, is_prefill in ((samples_d, active_d, False),
                                                     (samples_p, active_p, True)):
@@ -755,10 +800,13 @@ def _measure(shapes: ModelShapes, kinds, reps: int | None, busy: Callable[[], bo
             kv_ms[kind] = round(statistics.median(d for d, _ in pairs), 3)
             kv_prefill_ms[kind] = round(statistics.median(p for _, p in pairs), 3)
             kv_spread[kind] = round(max(spread([d for d, _ in pairs]), spread([p for _, p in pairs])), 3)
+    kv_per_head_ms = {k: round(statistics.median(t), 3) for k, t in samples_kvh.items() if t}
+    kv_per_head_spread = {k: round(spread(t), 3) for k, t in samples_kvh.items() if t}
     return Measurement(decode_ms, prefill_ms, decode_spread, prefill_spread,
                        round(sum(p > STALL_MS for p in probes) / max(len(probes), 1), 3),
                        round(statistics.median([p for p in probes if p > STALL_MS] or [0.0]), 3),
-                       once, kv_ms, kv_prefill_ms, kv_spread, failed)
+                       once, kv_ms, kv_prefill_ms, kv_spread, failed, kv_per_head_ms,
+                       kv_per_head_spread)
 
 
 def _rotated(kinds: list[str], rep: int) -> list[str]:
@@ -820,12 +868,13 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     kv, kv_why = pick_kv(m, prefill_ms.get(prefill))
     if kv != KV_DEFAULT:
         label += f", {kv} KV"
+    per_head, layout_why = pick_layout(m, kv)
     failed = "".join(f"; {kind} left out, its kernels failed here ({error})"
                      for kind, error in m.failed.items() if not kind.startswith("kv "))
     return Policy(decode, prefill, label, _reason(decode_ms, prefill_ms, decode, prefill, allowed,
-                                                  shapes, noise) + failed + kv_why,
+                                                  shapes, noise) + failed + kv_why + layout_why,
                   decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time(),
-                  status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms))
+                  status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms), kv_per_head=per_head)
 
 
 def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
@@ -862,6 +911,20 @@ def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
                             f"{prefill_extra:.1f} ms is {prefill_extra / chunk_ms:.1%} of its "
                             f"{chunk_ms:.0f} ms)")
     return KV_DEFAULT, f"; KV cache float32 ({figures})"
+
+
+def pick_layout(m: Measurement, kv: str) -> tuple[bool, str]:
+    """Whether long decode steps ask attention per query head (from `PER_HEAD_FROM` keys),
+    and a clause saying why: only when that beat asking per KV head, in the cache's dtype
+    `kv` at `KV_CONTEXT` positions, by more than the noise of either (and `MIN_GAIN`)."""
+    if kv not in m.kv_per_head_ms or kv not in m.kv_ms:
+        return False, ""  # one query head a KV head (nothing to fold), or not measured
+    per_head, grouped = m.kv_per_head_ms[kv], m.kv_ms[kv]
+    margin = max(MIN_GAIN, m.kv_per_head_spread.get(kv, 0.0), m.kv_spread.get(kv, 0.0))
+    figures = f"{per_head:.1f} against {grouped:.1f} ms over {KV_CONTEXT:,} positions"
+    if per_head < grouped * (1 - margin):
+        return True, f"; decode attention per query head from {PER_HEAD_FROM:,} positions ({figures})"
+    return False, f"; decode attention per KV head (per query head {figures})"
 
 
 def _kv_keeps_up(m: Measurement, times: dict[str, float], kind: str, against: str) -> bool:
@@ -960,9 +1023,12 @@ def borrowed_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
             threads = f" on {found.group(1)} thread{'s' * (found.group(1) != '1')}"
     if best is None:
         return None
+    # The attention layout is not borrowed: which is faster follows the model's head shapes
+    # (SmolLM2's and Gemma 3's differ) more than the CPU.
     return dataclasses.replace(
         best, reason=f"{best.label} as measured on this CPU for {source}{threads}, until this "
-                     "model is measured (in the background)", cached=False, status=BORROWED)
+                     "model is measured (in the background)", cached=False, status=BORROWED,
+        kv_per_head=False)
 
 
 def _store(shapes: ModelShapes, cache_dir: Path, policy: Policy) -> None:
@@ -1095,6 +1161,15 @@ def still_holds(policy: Policy, m: Measurement) -> bool | None:
         margin = max([MIN_GAIN, *(spreads.get(k, 0.0) for k in near)])
         if any(times[k] < times[chosen] * (1 - margin) for k in rivals):
             return False
+    if policy.kv in m.kv_per_head_ms and policy.kv in m.kv_ms:
+        per_head = policy.kv_per_head
+        faster = m.kv_per_head_ms[policy.kv] if per_head else m.kv_ms[policy.kv]
+        slower = m.kv_ms[policy.kv] if per_head else m.kv_per_head_ms[policy.kv]
+        spreads = (m.kv_per_head_spread.get(policy.kv, 0.0), m.kv_spread.get(policy.kv, 0.0))
+        if max(spreads) > ERRATIC:
+            return None
+        if slower < faster * (1 - max(MIN_GAIN, *spreads)):
+            return False  # the other layout now wins beyond noise
     return True
 
 

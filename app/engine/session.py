@@ -273,8 +273,9 @@ class _PolicyTuner:
                 # from another model's measurement stays rather than dropping to the default.
                 self.loaded.policy_reason = (f"{plan.reason}; its own measurement was unusable "
                                              f"({policy.reason}), so that stays")
-            elif ((new_plan.dtype, new_plan.wide_dtype, new_plan.int4, new_plan.kv_dtype)
-                    == (plan.dtype, plan.wide_dtype, plan.int4, plan.kv_dtype)):
+            elif ((new_plan.dtype, new_plan.wide_dtype, new_plan.int4, new_plan.kv_dtype,
+                   new_plan.per_head_from)
+                    == (plan.dtype, plan.wide_dtype, plan.int4, plan.kv_dtype, plan.per_head_from)):
                 self.loaded.policy_label, self.loaded.policy_reason = new_plan.label, new_plan.reason
             else:
                 fresh = run_on_passing_thread(load_planned, self.loaded.path, self.loaded.device,

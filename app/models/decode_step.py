@@ -71,10 +71,12 @@ class DecodeArgs:
 
 def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: float, scale: float,
                  cos: torch.Tensor, sin: torch.Tensor, datas: List[torch.Tensor], layer: int,
-                 starts: List[int], firsts: List[int], seens: List[int]) -> torch.Tensor:
+                 starts: List[int], firsts: List[int], seens: List[int],
+                 per_head_from: int) -> torch.Tensor:
     """x [N, d] float32, one row per sequence; cos, sin [1, N, 1, D]; datas[i] sequence i's
     KV copy [n_layers, 2, Hkv, capacity, D]: it writes position starts[i] and its query sees
-    seens[i] positions from firsts[i]. -> [N, d], as `DecoderLayer.forward`."""
+    seens[i] positions from firsts[i], asked per query head from `per_head_from` positions
+    (-1: never; `DecoderLayer._attend`). -> [N, d], as `DecoderLayer.forward`."""
     H, Hkv, D = n[0], n[1], n[2]
     qkv_planes, o_planes, gate_up_planes, down_planes = n[3], n[4], n[5], n[6]
     has_qk_norm, post_attn, post_ffn, gelu = n[7] != 0, n[8] != 0, n[9] != 0, n[10] != 0
@@ -105,8 +107,12 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
         slot[0].copy_(k[0])
         slot[1].copy_(v[0])
         seen = both.narrow(2, firsts[0], seens[0]).split(1)
-        out = F.scaled_dot_product_attention(q.view(1, Hkv, H // Hkv, D), seen[0], seen[1],
-                                             scale=scale).view(1, H * D)
+        if 0 <= per_head_from <= seens[0] and H > Hkv:
+            out = F.scaled_dot_product_attention(q.view(1, H, 1, D), seen[0], seen[1],
+                                                 scale=scale, enable_gqa=True).view(1, H * D)
+        else:
+            out = F.scaled_dot_product_attention(q.view(1, Hkv, H // Hkv, D), seen[0], seen[1],
+                                                 scale=scale).view(1, H * D)
     else:
         queries = q.reshape(N, Hkv, H // Hkv, D).split(1)
         news = torch.cat((k, v)).split(1, 2)  # [2, Hkv, 1, D] each: one copy writes both
@@ -115,7 +121,12 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
             both = datas[i][layer]
             both.narrow(2, starts[i], 1).copy_(news[i])
             seen = both.narrow(2, firsts[i], seens[i]).split(1)
-            outs.append(F.scaled_dot_product_attention(queries[i], seen[0], seen[1], scale=scale))
+            if 0 <= per_head_from <= seens[i] and H > Hkv:
+                outs.append(F.scaled_dot_product_attention(
+                    queries[i].view(1, H, 1, D), seen[0], seen[1], scale=scale,
+                    enable_gqa=True).view(1, Hkv, H // Hkv, D))
+            else:
+                outs.append(F.scaled_dot_product_attention(queries[i], seen[0], seen[1], scale=scale))
         # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
         out = torch.cat(outs).view(N, H * D)
     h = _int4(out, w[3], w[4], o_planes, group, not post_attn)
@@ -141,19 +152,21 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
 def decode_layers(x: torch.Tensor, ws: List[List[torch.Tensor]], ns: List[List[int]], eps: float,
                   scale: float, coss: List[torch.Tensor], sins: List[torch.Tensor],
                   datas: List[torch.Tensor], starts: List[int], firsts: List[List[int]],
-                  seens: List[List[int]]) -> torch.Tensor:
+                  seens: List[List[int]], per_head_from: int) -> torch.Tensor:
     """Every layer in turn (layer i: ws[i], ns[i], its RoPE tables and its window's slices):
     one call a pass instead of one a layer (~0.5 ms less a SmolLM2 step)."""
     for i in range(len(ws)):
         x = decode_layer(x, ws[i], ns[i], eps, scale, coss[i], sins[i], datas, i, starts,
-                         firsts[i], seens[i])
+                         firsts[i], seens[i], per_head_from)
     return x
 
 
-def run(layers, x: torch.Tensor, tables: dict, kv) -> Optional[torch.Tensor]:
+def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = None
+        ) -> Optional[torch.Tensor]:
     """The decoder layers' output for x [N, d] in a pass of decode steps alone, scripted, or
     None where this pass or a layer is outside the scope (the caller runs the layers then).
-    `tables` maps each layer's RoPE spec to its (cos, sin); `kv` is the pass's KV view."""
+    `tables` maps each layer's RoPE spec to its (cos, sin); `kv` is the pass's KV view;
+    `per_head_from` the model's (`TransformerLM.per_head_from`)."""
     args = [layer._decode_args for layer in layers]
     if any(a is None for a in args) or x.dtype != torch.float32 \
             or x.shape[0] > min(a.rows_max for a in args):
@@ -172,7 +185,8 @@ def run(layers, x: torch.Tensor, tables: dict, kv) -> Optional[torch.Tensor]:
     return step(x, [a.tensors for a in args], [a.ints for a in args], args[0].eps, args[0].scale,
                 [tables[layer.rope][0] for layer in layers], [tables[layer.rope][1] for layer in layers],
                 datas, starts, [plans[layer.window][2] for layer in layers],
-                [plans[layer.window][3] for layer in layers])
+                [plans[layer.window][3] for layer in layers],
+                -1 if per_head_from is None else per_head_from)
 
 
 def mode(model) -> str:

@@ -161,6 +161,9 @@ class DecoderLayer(torch.nn.Module):
         # The decode step's constant arguments (`decode_step.prepare`), made when the
         # products are joined and dropped when any weight is assigned after that.
         self._decode_args: decode_step.DecodeArgs | None = None
+        # A decode step over at least this many keys asks SDPA per query head (`_attend`);
+        # None: never. Set for the whole model (`TransformerLM.per_head_from`).
+        self.per_head_from: int | None = None
 
     # Attributes a scripted decode step reads: assigning one drops `_decode_args`.
     _DECODE_INPUTS = frozenset({"attn_norm", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias",
@@ -304,12 +307,18 @@ class DecoderLayer(torch.nn.Module):
         visible to every query) -> [B, H, T, D]."""
         c = self.cfg
         B, H, T, D = q.shape
-        Hkv = keys.shape[1]
+        Hkv, L = keys.shape[1], keys.shape[2]
         # Fold the G query heads that share a KV head into the query axis: plain SDPA on
         # every backend (no enable_gqa, no repeat_interleave of the keys). Query head h uses
-        # KV head h // G, as Hugging Face's repeat_kv and llama.cpp do.
+        # KV head h // G, as Hugging Face's repeat_kv and llama.cpp do. A decode step over
+        # many keys may instead ask per query head (`per_head`), where the CPU policy
+        # measured that faster: torch's CPU kernel multiplies each block of keys by G query
+        # rows in one small product, slower there than G products of one row each.
         G = H // Hkv
-        q = q.reshape(B, Hkv, G * T, D)
+        per_head = (T == 1 and G > 1 and mask is None and self.per_head_from is not None
+                    and L >= self.per_head_from and c.attn_softcap is None)
+        if not per_head:
+            q = q.reshape(B, Hkv, G * T, D)
         if G > 1 and mask is not None:
             mask = mask.repeat(1, 1, G, 1)  # rows g*T + t use query t's mask
         # A KV cache narrower than the activations (the CPU policy's bfloat16 cache): the
@@ -317,7 +326,10 @@ class DecoderLayer(torch.nn.Module):
         act_dtype = q.dtype
         if keys.dtype != act_dtype:
             q = q.to(keys.dtype)
-        if c.attn_softcap is None:
+        if per_head:
+            out = F.scaled_dot_product_attention(q, keys, values, scale=c.attention_scale,
+                                                 enable_gqa=True)
+        elif c.attn_softcap is None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                  scale=c.attention_scale)
         else:
@@ -354,6 +366,19 @@ class TransformerLM(torch.nn.Module):
         self.output_norm: torch.Tensor | None = None
         self.head: Weight | None = None  # untied output projection [V, d]
         self._ropes = tuple(dict.fromkeys(layer.rope for layer in self.layers))
+
+    @property
+    def per_head_from(self) -> int | None:
+        """From how many keys a decode step's attention asks SDPA per query head instead of
+        per KV head (None: never). The load plan sets it (`device.load_planned`), from the
+        CPU policy's measurement (`kernel_policy.pick_layout`); both layouts give a sequence
+        the same result alone or batched, since each sequence is decided by its own keys."""
+        return self.layers[0].per_head_from if len(self.layers) else None
+
+    @per_head_from.setter
+    def per_head_from(self, keys: int | None) -> None:
+        for layer in self.layers:
+            layer.per_head_from = keys
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -444,7 +469,7 @@ class TransformerLM(torch.nn.Module):
         tables = {spec: spec.rotation(positions, x.dtype) for spec in self._ropes}
         x = x.view(-1, x.shape[-1])  # the layers see one token a row: [S * T, d]
         # A pass of decode steps alone: the same operations, scripted (app.models.decode_step).
-        scripted = decode_step.run(self.layers, x, tables, kv)
+        scripted = decode_step.run(self.layers, x, tables, kv, self.per_head_from)
         if scripted is not None:
             x = scripted
         else:

@@ -171,6 +171,61 @@ def test_a_real_measurement_times_the_kv_dtypes_too():
     assert kp.measure(TINY, kinds=("float16",), reps=1, busy=lambda: False).kv_ms == {}
 
 
+def _with_layout(m: kp.Measurement, per_head: dict, spread: float = 0.0) -> kp.Measurement:
+    return dataclasses.replace(m, kv_per_head_ms=per_head,
+                               kv_per_head_spread={k: spread for k in per_head})
+
+
+@pytest.mark.parametrize("per_head, spread, expected", [
+    ({"float32": 9.0, "bfloat16": 5.0}, 0.02, True),   # per head faster in the chosen bfloat16
+    ({"float32": 9.0, "bfloat16": 6.9}, 0.02, False),  # within the margin: per KV head stays
+    ({"float32": 9.0, "bfloat16": 5.0}, 0.40, False),  # beyond its own noise only
+    ({"float32": 12.0, "bfloat16": 9.0}, 0.02, False),  # slower (Gemma 3 270M's head size 256)
+])
+def test_long_decode_steps_ask_per_query_head_only_where_measured_faster(per_head, spread, expected):
+    m = _with_layout(_with_kv(_m(*_WEIGHTS), *_KV_FASTER, 0.02), per_head, spread)
+    policy = kp.choose(m, TINY)
+    assert policy.kv == "bfloat16" and policy.kv_per_head is expected
+    assert policy.per_head_from == (kp.PER_HEAD_FROM if expected else None)
+    clause = ("decode attention per query head from 1,024 positions" if expected
+              else "decode attention per KV head")
+    assert clause in policy.reason and f"{per_head['bfloat16']:.1f} against 7.0 ms" in policy.reason
+
+
+def test_without_shared_kv_heads_there_is_no_layout_to_choose():
+    policy = kp.choose(_with_kv(_m(*_WEIGHTS), *_KV_FASTER, 0.02), TINY)  # no per-head timings
+    assert policy.kv_per_head is False and policy.per_head_from is None
+    assert "query head" not in policy.reason
+
+
+def test_the_layout_is_cached_planned_and_measured_again_when_overturned(tmp_path):
+    from app.engine.device import plan_from_policy
+
+    m = _with_layout(_with_kv(_m(*_WEIGHTS), *_KV_FASTER, 0.02), {"float32": 9.0, "bfloat16": 5.0}, 0.02)
+    kp._store(TINY, tmp_path, kp.choose(m, TINY))
+    cached = kp.cached_policy(TINY, tmp_path)
+    assert cached.kv_per_head is True
+    assert plan_from_policy(cached, torch.device("cpu"), 100 * 2**20).per_head_from == kp.PER_HEAD_FROM
+    assert kp.judge(cached, m)[0] == kp.HOLDS
+    assert kp.judge(cached, _with_layout(m, {"float32": 9.0, "bfloat16": 8.0}, 0.02)) == (
+        kp.CHANGED, "another kind is now faster beyond noise")
+    assert kp.judge(cached, _with_layout(m, {"float32": 9.0, "bfloat16": 5.0}, 0.5))[0] == kp.UNCLEAR
+    per_kv_head = dataclasses.replace(cached, kv_per_head=False)
+    assert kp.judge(per_kv_head, m)[0] == kp.CHANGED
+    assert plan_from_policy(per_kv_head, torch.device("cpu"), 100 * 2**20).per_head_from is None
+    assert kp._policy_from({**dataclasses.asdict(cached), "kv_per_head": "yes"}) is None
+
+
+def test_a_real_measurement_times_the_per_head_layout_where_heads_share_kv_heads():
+    shared = kp.measure(dataclasses.replace(TINY, kv=(2, 4, 2, 16)), kinds=("float16",), reps=2,
+                        busy=lambda: False)
+    assert set(shared.kv_per_head_ms) == set(shared.kv_per_head_spread) == set(kp.KV_KINDS)
+    assert all(ms > 0 for ms in shared.kv_per_head_ms.values())
+    one_each = kp.measure(dataclasses.replace(TINY, kv=(2, 2, 2, 16)), kinds=("float16",), reps=1,
+                          busy=lambda: False)
+    assert one_each.kv_ms and one_each.kv_per_head_ms == {}
+
+
 def _raising_for(dtype, real):
     def run(self, *args, **kwargs):
         if self.dtype == dtype:
@@ -573,6 +628,24 @@ def test_the_measured_products_are_the_ones_a_4bit_load_runs(embedded_model_path
         loaded.unload()
 
 
+def test_a_plans_attention_layout_reaches_every_layer(embedded_model_path):
+    from app.engine.device import LoadPlan, load_planned
+
+    plan = LoadPlan(torch.float32, None, None, "float32", "test", per_head_from=kp.PER_HEAD_FROM)
+    loaded = load_planned(embedded_model_path, torch.device("cpu"), plan)
+    try:
+        assert loaded.model.per_head_from == kp.PER_HEAD_FROM
+        assert {layer.per_head_from for layer in loaded.model.layers} == {kp.PER_HEAD_FROM}
+    finally:
+        loaded.unload()
+    plain = load_planned(embedded_model_path, torch.device("cpu"),
+                         LoadPlan(torch.float32, None, None, "float32", "test"))
+    try:
+        assert plain.model.per_head_from is None
+    finally:
+        plain.unload()
+
+
 def test_forcing_int4_needs_a_gguf_model(tmp_path):
     folder = tmp_path / "hf"
     folder.mkdir()
@@ -633,10 +706,12 @@ def test_an_unmeasured_model_borrows_the_newest_choice_measured_on_this_cpu(tmp_
         {"float32": 5.0, "bfloat16": 4.0, "float16": 3.0, "int4_bf16": 1.0},
         {"float32": 50.0, "bfloat16": 10.0}),
         {"float32": 4.0, "bfloat16": 2.0}, {"float32": 4.0, "bfloat16": 2.0}), OTHER)
+    new = dataclasses.replace(new, kv_per_head=True)  # that model's heads: per query head
     kp._store(OTHER, tmp_path, old)
     kp._store(dataclasses.replace(OTHER, name="third"), tmp_path, new)
     borrowed = kp.borrowed_policy(TINY, tmp_path)
     assert (borrowed.decode, borrowed.prefill, borrowed.kv) == ("int4_bf16", "bfloat16", "bfloat16")
+    assert borrowed.kv_per_head is False  # the layout follows a model's heads: never borrowed
     assert borrowed.status == kp.BORROWED and not borrowed.cached
     assert borrowed.reason.startswith(f"{new.label} as measured on this CPU for third,")
     assert kp.cached_policy(TINY, tmp_path) is None  # this model's own entry: still to measure
@@ -684,3 +759,19 @@ def test_a_borrowed_format_stays_when_the_models_own_measurement_is_unusable(
         assert session.info.policy_reason.endswith("its timings were erratic), so that stays")
     finally:
         session.close()
+
+
+def test_where_per_head_attention_raises_the_kv_dtype_is_still_measured(monkeypatch):
+    """A torch whose SDPA refuses enable_gqa here: per KV head, as before, and the dtype stays."""
+    real = kp._KVRun._attend
+
+    def refusing(self, q, layer, keys):
+        if q.shape[1] != self.keys[layer].shape[1]:
+            raise RuntimeError("enable_gqa is not supported")
+        return real(self, q, layer, keys)
+
+    monkeypatch.setattr(kp._KVRun, "_attend", refusing)
+    m = kp.measure(dataclasses.replace(TINY, kv=(2, 4, 2, 16)), kinds=("float16",), reps=2,
+                   busy=lambda: False)
+    assert set(m.kv_ms) == set(kp.KV_KINDS) and m.kv_per_head_ms == {} and not m.failed
+    assert kp.pick_layout(m, "bfloat16") == (False, "")

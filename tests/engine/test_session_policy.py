@@ -46,6 +46,8 @@ def test_first_load_uses_the_default_then_the_measured_policy(smollm2_model_path
         assert ("measured on" in status or kept) and status.startswith(session.info.policy_label)
         assert [h.policy_reason for h in heard] == [session.info.policy_reason]
         assert session.info.dtype == session._loaded.weights_label  # the label is what runs
+        loaded = session._loaded  # and the measured attention layout is what runs
+        assert loaded.model.per_head_from == loaded.load_plan.per_head_from
         shapes = kp.gguf_shapes(smollm2_model_path)
         assert (kp.cached_policy(shapes, _own_data_dir) is None) == kept
         assert len(_reply(session).completion_ids) == 8  # and serves after any swap

@@ -150,3 +150,42 @@ def test_a_failed_compilation_leaves_the_python_path(monkeypatch):
     monkeypatch.setattr(torch.jit, "script", refuse)
     assert decode_step.compiled() is None
     assert decode_step.compiled() is None  # tried once
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+def test_attention_per_query_head_past_the_threshold_is_the_same_in_both_paths(
+        int4_model, kv_dtype, monkeypatch, scripted_calls):
+    """Where the CPU policy measured it faster, decode steps over at least `per_head_from`
+    keys ask SDPA per query head (enable_gqa). Here 45 keys: the sequences start below it,
+    at it and past it (42, 49 and 56 keys at their first step), so one crosses it mid-run.
+    The scripted step and the layers' Python decide alike, together and alone."""
+    from app.models import transformer
+
+    model = int4_model.model
+    per_head_calls = []
+    sdpa = transformer.F.scaled_dot_product_attention
+
+    def spying(*args, **kwargs):
+        per_head_calls.append(kwargs.get("enable_gqa", False))
+        return sdpa(*args, **kwargs)
+
+    prompts = _prompts(3)
+    model.per_head_from = 45
+    try:
+        assert all(layer.per_head_from == 45 for layer in model.layers)
+        scripted = _decode(int4_model, prompts, 4, kv_dtype) | {
+            f"alone-{k}": v for k, v in _decode(int4_model, prompts, 4, kv_dtype, together=False).items()}
+        assert scripted_calls
+        monkeypatch.setattr(decode_step, "compiled", lambda: None)
+        monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", spying)
+        python = _decode(int4_model, prompts, 4, kv_dtype) | {
+            f"alone-{k}": v for k, v in _decode(int4_model, prompts, 4, kv_dtype, together=False).items()}
+    finally:
+        model.per_head_from = None
+    assert any(per_head_calls) and not all(per_head_calls)  # both layouts ran
+    for key in python:
+        for got, want in zip(scripted[key], python[key], strict=True):
+            assert torch.equal(got, want), key
+    for key in prompts:  # batched or alone: the same per sequence
+        for got, want in zip(scripted[key], scripted[f"alone-{key}"], strict=True):
+            assert torch.equal(got, want), key

@@ -235,6 +235,9 @@ class Policy:
     kv: str = KV_DEFAULT
     kv_ms: dict[str, float] = field(default_factory=dict)  # a decode step's attention
     kv_per_head: bool = False  # long decode steps ask attention per query head (`pick_layout`)
+    # The KV timings were erratic, so the cache kept its default: the next check measures
+    # again rather than re-timing a choice that was never made (`check`).
+    kv_unsettled: bool = False
 
     @property
     def kv_dtype(self) -> torch.dtype | None:
@@ -352,7 +355,7 @@ def _policy_from(entry) -> Policy | None:
                ) else [None]
     ok = (policy.decode in KINDS and policy.prefill in KINDS and policy.decode in policy.decode_ms
           and policy.prefill in policy.prefill_ms and policy.kv in KV_KINDS
-          and isinstance(policy.kv_per_head, bool)
+          and isinstance(policy.kv_per_head, bool) and isinstance(policy.kv_unsettled, bool)
           and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers))
     return policy if ok else None
 
@@ -874,7 +877,8 @@ def choose(m: Measurement, shapes: ModelShapes) -> Policy:
     return Policy(decode, prefill, label, _reason(decode_ms, prefill_ms, decode, prefill, allowed,
                                                   shapes, noise) + failed + kv_why + layout_why,
                   decode_ms, prefill_ms, noise=round(noise, 3), measured_at=time.time(),
-                  status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms), kv_per_head=per_head)
+                  status=MEASURED, kv=kv, kv_ms=dict(m.kv_ms), kv_per_head=per_head,
+                  kv_unsettled=_kv_noise(m) > ERRATIC)
 
 
 def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
@@ -891,7 +895,7 @@ def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
         return KV_DEFAULT, f"; KV cache {KV_DEFAULT} ({'; '.join(broken)})"
     if not all(k in m.kv_ms and k in m.kv_prefill_ms for k in KV_KINDS):
         return KV_DEFAULT, ""
-    noise = max(m.kv_spread.get(k, 0.0) for k in KV_KINDS)
+    noise = _kv_noise(m)
     figures = (f"attention over {KV_CONTEXT:,} positions {m.kv_ms['bfloat16']:.1f} ms a step "
                f"in bfloat16, {m.kv_ms['float32']:.1f} ms in float32; a {KV_PREFILL_ROWS}-row "
                f"chunk's {m.kv_prefill_ms['bfloat16']:.1f} / {m.kv_prefill_ms['float32']:.1f} ms")
@@ -911,6 +915,11 @@ def pick_kv(m: Measurement, chunk_ms: float | None = None) -> tuple[str, str]:
                             f"{prefill_extra:.1f} ms is {prefill_extra / chunk_ms:.1%} of its "
                             f"{chunk_ms:.0f} ms)")
     return KV_DEFAULT, f"; KV cache float32 ({figures})"
+
+
+def _kv_noise(m: Measurement) -> float:
+    """The larger spread of the KV dtypes' attention timings (0 when they were not timed)."""
+    return max((m.kv_spread.get(k, 0.0) for k in KV_KINDS), default=0.0)
 
 
 def pick_layout(m: Measurement, kv: str) -> tuple[bool, str]:
@@ -1102,6 +1111,10 @@ def check(policy: Policy, shapes: ModelShapes, busy: Callable[[], bool] | None =
     age_days = (time.time() - policy.measured_at) / 86_400
     if age_days > MAX_AGE_DAYS:
         return CHANGED, f"the entry is {age_days:.0f} days old"
+    if policy.kv_unsettled:
+        # A re-timing compares decode attention only; a float32 cache kept for erratic
+        # timings could then stand for months beside a bfloat16 prefill 3-4x faster.
+        return CHANGED, "its KV cache timings were erratic when measured"
     allowed = _allowed(shapes)
     prefill_allowed = [k for k in allowed if k in PREFILL_KINDS]
     ranked = sorted((k for k in policy.prefill_ms if k in prefill_allowed and k != policy.prefill),

@@ -775,3 +775,16 @@ def test_where_per_head_attention_raises_the_kv_dtype_is_still_measured(monkeypa
                    busy=lambda: False)
     assert set(m.kv_ms) == set(kp.KV_KINDS) and m.kv_per_head_ms == {} and not m.failed
     assert kp.pick_layout(m, "bfloat16") == (False, "")
+
+
+def test_a_kv_dtype_kept_for_erratic_timings_is_measured_again_at_the_next_check(monkeypatch):
+    """A re-timing compares decode attention only, so it could not overturn a float32 cache
+    that erratic timings left: the entry says so, and the next check measures afresh."""
+    erratic = kp.choose(_with_kv(_m(*_WEIGHTS), {"float32": 10.0, "bfloat16": 5.0},
+                                 {"float32": 6.3, "bfloat16": 1.7}, 0.40), TINY)
+    assert erratic.kv == "float32" and erratic.kv_unsettled and "erratic" in erratic.reason
+    monkeypatch.setattr(kp, "measure", lambda *a, **k: pytest.fail("nothing to re-time"))
+    assert kp.check(erratic, TINY) == (kp.CHANGED, "its KV cache timings were erratic when measured")
+    steady = kp.choose(_with_kv(_m(*_WEIGHTS), *_KV_FASTER, 0.02), TINY)
+    assert not steady.kv_unsettled
+    assert kp._policy_from({**dataclasses.asdict(steady), "kv_unsettled": 1}) is None

@@ -408,9 +408,11 @@ def _larger(a: int | None, b: int | None) -> int | None:
 
 
 def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: int = 128,
-                         tries: int = 2) -> list[dict]:
+                         tries: int = 2, long_context: int = 0) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
-    one process, so the figures are comparable. Decode and prefill are each the best of
+    one process, so the figures are comparable; with `long_context`, decode after a prompt of
+    that many tokens too (`decode_long_tokens_per_s`: a long chat's pace, where attention over
+    the context weighs most). Decode and prefill are each the best of
     `tries` runs on one engine (the prefix cache cleared before each), as the llama.cpp
     side of `scripts/compare_with_llama_cpp.py` takes its best of two. `auto` rows say what
     the measured policy chose and why, and whether the choice was measured or checked now
@@ -427,7 +429,7 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
         loaded = load_on(path, device, dtype)
         process_peak = _larger(process_peak, process_peak_rss_mb())
         restarted = restart_peak_rss()
-        engine = Engine(loaded, EngineConfig(kv_tokens=4096))
+        engine = Engine(loaded, EngineConfig(kv_tokens=max(4096, long_context + decode_tokens + 64)))
         greedy = dict(temperature=0, ignore_eos=True)
 
         def timed_runs(ids: list[int], max_tokens: int, key) -> list[float]:
@@ -443,10 +445,15 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
                   if decode_tokens else None)
         ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, 1023, salt=1)
         prefill = min(timed_runs(ids, 1, lambda t: t.prefill_s))
+        decode_long = None
+        if long_context and decode_tokens:
+            ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, long_context, salt=2)
+            decode_long = max(timed_runs(ids, decode_tokens, lambda t: t.decode_tokens_per_s))
         rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),
                      "decode_tokens_per_s": round(decode, 1) if decode else None,
                      "prefill_1024_s": round(prefill, 2),
+                     "decode_long_tokens_per_s": round(decode_long, 1) if decode_long else None,
                      "policy": loaded.policy_label, "why": loaded.policy_reason,
                      "policy_status": loaded.load_plan.policy_status,
                      "running_peak_rss_mb": peak_rss_since_restart_mb() if restarted else None})

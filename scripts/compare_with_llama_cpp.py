@@ -9,9 +9,10 @@ installed in a separate virtual environment whose python is passed as --llama-py
 
 For each model (default: both built-in models, Gemma 3 270M Q4_K_M and SmolLM2 135M Q4_1,
 taken from the app's models folder), both sides load the file, decode 128 greedy tokens
-after the same prompt (BOS where the model wants it, then 32 tokens of prose) and prefill the
-same 1,023-1,024 tokens (likewise: the ids `bench` uses), with the same thread count, one
-after the other; every configuration runs in its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
+after the same prompt (BOS where the model wants it, then 32 tokens of prose), prefill the
+same 1,023-1,024 tokens (likewise: the ids `bench` uses) and decode 128 tokens again after a
+prompt of --long-context tokens (4,000; 0 skips it: a long chat's pace), with the same
+thread count, one after the other; every configuration runs in its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
 faster. The CPU capability torch reports is printed first: the figures only mean something
 with it. An `auto` row says what the measured CPU policy chose, why, and whether that choice
 was measured or its cached entry checked in this run ("policy measured now", "policy cached,
@@ -48,12 +49,13 @@ import json, resource, sys, time
 from llama_cpp import Llama
 path, threads, n_decode = sys.argv[1], int(sys.argv[4]), int(sys.argv[5])
 decode_ids, prefill_ids = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+long_ids = json.loads(sys.argv[6])
 start = time.perf_counter()
-llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512,
-            verbose=False)
+llm = Llama(model_path=path, n_ctx=max(4096, len(long_ids) + n_decode + 16), n_threads=threads,
+            n_threads_batch=threads, n_batch=512, verbose=False)
 load_s = time.perf_counter() - start
-def decode(n):
-    llm.reset(); llm.eval(decode_ids)
+def decode(n, ids=decode_ids):
+    llm.reset(); llm.eval(ids)
     start = time.perf_counter()
     for _ in range(n):
         token = int(llm._scores[llm.n_tokens - 1].argmax())
@@ -65,6 +67,8 @@ def prefill():
 prefill()  # warm up
 print(json.dumps({"decode_tokens_per_s": round(max(decode(n_decode) for _ in range(2)), 1) if n_decode else None,
                   "prefill_1024_s": round(min(prefill() for _ in range(2)), 2),
+                  "decode_long_tokens_per_s": round(max(decode(n_decode, long_ids) for _ in range(2)), 1)
+                  if n_decode and long_ids else None,
                   "load_s": round(load_s, 2),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 """
@@ -76,20 +80,23 @@ import torch
 from app.bench import run_dtype_comparison
 from app.engine.device import configure_cpu_threads
 configure_cpu_threads()
-row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]], decode_tokens=int(sys.argv[4]))[0]
+row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]], decode_tokens=int(sys.argv[4]),
+                           long_context=int(sys.argv[5]))[0]
 print(json.dumps(row))
 """
 
 
-def prompts(path: Path) -> tuple[list[int], list[int]]:
-    """The token ids `app.bench.run_dtype_comparison` feeds our side, for llama.cpp's side."""
+def prompts(path: Path, long_context: int) -> tuple[list[int], list[int], list[int]]:
+    """The token ids `app.bench.run_dtype_comparison` feeds our side, for llama.cpp's side:
+    the decode prompt, the prefill prompt and the long prompt (empty without `long_context`)."""
     from app.bench import filler_ids
     from app.models.loader import load_tokenizer
     from app.models.prompt import bos_prefix
 
     tokenizer = load_tokenizer(path)
     bos = bos_prefix(tokenizer)
-    return bos + filler_ids(tokenizer, 32), bos + filler_ids(tokenizer, 1023, salt=1)
+    long = bos + filler_ids(tokenizer, long_context, salt=2) if long_context else []
+    return bos + filler_ids(tokenizer, 32), bos + filler_ids(tokenizer, 1023, salt=1), long
 
 
 def model_path(spec: str) -> Path:
@@ -112,8 +119,8 @@ def run_json(cmd: list[str], env: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _rate(row: dict) -> str:
-    return "     -" if row["decode_tokens_per_s"] is None else f"{row['decode_tokens_per_s']:6.1f}"
+def _rate(row: dict, key: str = "decode_tokens_per_s") -> str:
+    return "     -" if row.get(key) is None else f"{row[key]:6.1f}"
 
 
 def llama_usable(python: str | None) -> bool:
@@ -140,6 +147,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--decode-tokens", type=int, default=128,
                         help="greedy tokens timed for decode; 0: prefill only (a busy machine)")
+    parser.add_argument("--long-context", type=int, default=4000,
+                        help="prompt tokens before the long-chat decode; 0 skips it")
     args = parser.parse_args()
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -152,36 +161,42 @@ def main() -> int:
         path = model_path(spec)
         print(f"\n== {path.name}")
         try:
-            decode_ids, prefill_ids = prompts(path)
+            decode_ids, prefill_ids, long_ids = prompts(path, args.long_context)
         except Exception as exc:  # the model's tokenizer may not be readable by the app yet
             print(f"   skipped: {exc}")
             continue
         llama = None
         if with_llama:
             llama = run_json([args.llama_python, "-c", LLAMA_SIDE, str(path), json.dumps(decode_ids),
-                              json.dumps(prefill_ids), str(args.threads), str(args.decode_tokens)], env)
+                              json.dumps(prefill_ids), str(args.threads), str(args.decode_tokens),
+                              json.dumps(long_ids)], env)
             if "error" in llama:
                 print(f"   llama.cpp failed: {llama['error']}")
                 llama = None
             else:
                 print(f"   llama.cpp           decode {_rate(llama)} tok/s   "
-                      f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   peak {llama['peak_rss_mb']} MB   "
-                      f"load {llama['load_s']:.2f} s")
+                      f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   "
+                      f"after {args.long_context:,} {_rate(llama, 'decode_long_tokens_per_s')} tok/s   "
+                      f"peak {llama['peak_rss_mb']} MB   load {llama['load_s']:.2f} s")
         for dtype in args.dtypes.split(","):
             row = run_json([sys.executable, "-c", OUR_SIDE, str(path), dtype, str(ROOT),
-                            str(args.decode_tokens)], env)
+                            str(args.decode_tokens), str(args.long_context)], env)
             if "error" in row:
                 print(f"   ferrox {dtype:<12} failed: {row['error']}")
                 continue
             line = (f"   ferrox {dtype:<12} decode {_rate(row)} tok/s   "
-                    f"prefill 1,024 {row['prefill_1024_s']:5.2f} s   peak {row['peak_rss_mb']} MB   "
-                    f"load {row['load_s']:.2f} s")
+                    f"prefill 1,024 {row['prefill_1024_s']:5.2f} s   "
+                    f"after {args.long_context:,} {_rate(row, 'decode_long_tokens_per_s')} tok/s   "
+                    f"peak {row['peak_rss_mb']} MB   load {row['load_s']:.2f} s")
             if row.get("running_peak_rss_mb"):
                 line += f"   peak after loading {row['running_peak_rss_mb']} MB"
             if llama:
                 if row["decode_tokens_per_s"] and llama["decode_tokens_per_s"]:
                     line += f"   decode ratio {row['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x"
                 line += (f"   prefill ratio {llama['prefill_1024_s'] / row['prefill_1024_s']:.2f}x")
+                if row.get("decode_long_tokens_per_s") and llama.get("decode_long_tokens_per_s"):
+                    line += (f"   long-chat decode ratio "
+                             f"{row['decode_long_tokens_per_s'] / llama['decode_long_tokens_per_s']:.2f}x")
             print(line)
             status = f"policy {row['policy_status']}; " if row.get("policy_status") else ""
             print(f"      weights {row['weights']}; {status}{row['why']}")

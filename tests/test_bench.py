@@ -64,6 +64,29 @@ def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, mo
                                         decode_tokens=4, tries=2)
     assert seen == [(33, 4), (33, 4), (1024, 1), (1024, 1)]  # BOS and the filler
     assert row["decode_tokens_per_s"] > 0 and row["prefill_1024_s"] > 0.05  # not a cache hit
+    assert row["decode_long_tokens_per_s"] is None  # no long chat asked for
+
+
+@pytest.mark.slow
+def test_the_dtype_comparison_decodes_after_a_long_prompt_when_asked(embedded_model_path,
+                                                                   monkeypatch):
+    """The comparison script's long-chat column: the same decode after `long_context` prompt
+    tokens (a pool large enough for them), the best of its runs."""
+    import app.bench as bench
+
+    seen = []
+    real = bench._drive
+
+    def drive(engine, jobs, *args, **kwargs):
+        (ids, params), = jobs.values()
+        seen.append((len(ids), params.max_tokens))
+        return real(engine, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_drive", drive)
+    (row,) = bench.run_dtype_comparison(embedded_model_path, "cpu", ["float16"],
+                                        decode_tokens=3, tries=1, long_context=4500)
+    assert seen == [(33, 3), (1024, 1), (4501, 3)]
+    assert row["decode_long_tokens_per_s"] > 0
 
 
 @pytest.mark.slow

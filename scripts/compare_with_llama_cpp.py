@@ -46,6 +46,7 @@ BUILTIN = {"gemma": "gemma-3-270m", "smollm2": "smollm2-135m-instruct"}
 
 LLAMA_SIDE = r"""
 import json, resource, sys, time
+import numpy as np
 from llama_cpp import Llama
 path, threads, n_decode = sys.argv[1], int(sys.argv[4]), int(sys.argv[5])
 decode_ids, prefill_ids = json.loads(sys.argv[2]), json.loads(sys.argv[3])
@@ -54,11 +55,15 @@ start = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=max(4096, len(long_ids) + n_decode + 16), n_threads=threads,
             n_threads_batch=threads, n_batch=512, verbose=False)
 load_s = time.perf_counter() - start
+def last_logits():
+    # The context's logits of the last token evaluated (llama-cpp-python keeps no copy of
+    # them without logits_all: its `scores` rows stay unwritten).
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 def decode(n, ids=decode_ids):
     llm.reset(); llm.eval(ids)
     start = time.perf_counter()
     for _ in range(n):
-        token = int(llm._scores[llm.n_tokens - 1].argmax())
+        token = int(last_logits().argmax())  # greedy, as our side
         llm.eval([token])
     return n / (time.perf_counter() - start)
 def prefill():

@@ -44,11 +44,8 @@ def test_load_times_first_and_warm(embedded_model_path, monkeypatch, _own_data_d
     assert not (_own_data_dir / "weight-cache").exists()
 
 
-@pytest.mark.slow
-def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, monkeypatch):
-    """Each figure is the best of `tries` runs, as the llama.cpp side of the comparison
-    script takes its best of two; the prefix cache is cleared before each, so the second
-    prefill reads its prompt again instead of adopting it."""
+def _record_drives(monkeypatch) -> list[tuple[int, int]]:
+    """(prompt length, max_tokens) of every request `bench._drive` runs from now on."""
     import app.bench as bench
 
     seen = []
@@ -60,6 +57,17 @@ def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, mo
         return real(engine, jobs, *args, **kwargs)
 
     monkeypatch.setattr(bench, "_drive", drive)
+    return seen
+
+
+@pytest.mark.slow
+def test_the_dtype_comparison_takes_the_best_of_its_runs(embedded_model_path, monkeypatch):
+    """Each figure is the best of `tries` runs, as the llama.cpp side of the comparison
+    script takes its best of two; the prefix cache is cleared before each, so the second
+    prefill reads its prompt again instead of adopting it."""
+    import app.bench as bench
+
+    seen = _record_drives(monkeypatch)
     (row,) = bench.run_dtype_comparison(embedded_model_path, "cpu", ["float16"],
                                         decode_tokens=4, tries=2)
     assert seen == [(33, 4), (33, 4), (1024, 1), (1024, 1)]  # BOS and the filler
@@ -74,15 +82,7 @@ def test_the_dtype_comparison_decodes_after_a_long_prompt_when_asked(embedded_mo
     tokens (a pool large enough for them), the best of its runs."""
     import app.bench as bench
 
-    seen = []
-    real = bench._drive
-
-    def drive(engine, jobs, *args, **kwargs):
-        (ids, params), = jobs.values()
-        seen.append((len(ids), params.max_tokens))
-        return real(engine, jobs, *args, **kwargs)
-
-    monkeypatch.setattr(bench, "_drive", drive)
+    seen = _record_drives(monkeypatch)
     (row,) = bench.run_dtype_comparison(embedded_model_path, "cpu", ["float16"],
                                         decode_tokens=3, tries=1, long_context=4500)
     assert seen == [(33, 3), (1024, 1), (4501, 3)]

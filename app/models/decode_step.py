@@ -15,11 +15,13 @@ Scope, checked once per layer at load (`prepare`) and per pass (`run`):
 * every product on 4-bit planes (`QuantizedWeight`, as many rows as the weight keeps on
   its planes), Q, K and V joined in one product without a bias, gate and up in another;
 * float32 activations and norms; RoPE over the whole head; no attention soft-capping;
-  SiLU or tanh-GELU; optional QK-norm and sandwich norms (Gemma 3); sliding layers.
+  SiLU or tanh-GELU; optional QK-norm and sandwich norms (Gemma 3); sliding layers;
+  attention per KV head or, from the model's `per_head_from` keys, per query head.
 A pass where any layer is outside it runs every layer's Python, unchanged.
 
 Bitwise the same as that Python path (tests/models/test_decode_step.py, both built-in
-models, one and several sequences, bfloat16 and float32 KV): each operation here is the one
+models, one and several sequences, bfloat16 and float32 KV, both attention layouts): each
+operation here is the one
 it runs, on tensors of the same dtypes, shapes and strides. The liberties change no value:
 RoPE's pair swap, a permutation, is always a gather by index here; and the views every
 sequence's attention needs in every layer (its query, its slice of keys and values, its

@@ -109,12 +109,8 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
         slot[0].copy_(k[0])
         slot[1].copy_(v[0])
         seen = both.narrow(2, firsts[0], seens[0]).split(1)
-        if 0 <= per_head_from <= seens[0] and H > Hkv:
-            out = F.scaled_dot_product_attention(q.view(1, H, 1, D), seen[0], seen[1],
-                                                 scale=scale, enable_gqa=True).view(1, H * D)
-        else:
-            out = F.scaled_dot_product_attention(q.view(1, Hkv, H // Hkv, D), seen[0], seen[1],
-                                                 scale=scale).view(1, H * D)
+        out = _attend(q.view(1, Hkv, H // Hkv, D), seen[0], seen[1], seens[0], per_head_from,
+                      H > Hkv, scale).view(1, H * D)
     else:
         queries = q.reshape(N, Hkv, H // Hkv, D).split(1)
         news = torch.cat((k, v)).split(1, 2)  # [2, Hkv, 1, D] each: one copy writes both
@@ -123,12 +119,8 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
             both = datas[i][layer]
             both.narrow(2, starts[i], 1).copy_(news[i])
             seen = both.narrow(2, firsts[i], seens[i]).split(1)
-            if 0 <= per_head_from <= seens[i] and H > Hkv:
-                outs.append(F.scaled_dot_product_attention(
-                    queries[i].view(1, H, 1, D), seen[0], seen[1], scale=scale,
-                    enable_gqa=True).view(1, Hkv, H // Hkv, D))
-            else:
-                outs.append(F.scaled_dot_product_attention(queries[i], seen[0], seen[1], scale=scale))
+            outs.append(_attend(queries[i], seen[0], seen[1], seens[i], per_head_from, H > Hkv,
+                                scale))
         # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
         out = torch.cat(outs).view(N, H * D)
     h = _int4(out, w[3], w[4], o_planes, group, not post_attn)
@@ -214,6 +206,19 @@ def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, plan
     if not promotes and out.dtype != x.dtype:
         out = out.to(x.dtype)
     return out
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: int,
+            per_head_from: int, grouped: bool, scale: float) -> torch.Tensor:
+    """One sequence's decode attention, as `DecoderLayer._attend` asks it: q [1, Hkv, G, D]
+    (the G query heads sharing a KV head as rows; `grouped`: G > 1) over its `seen` keys and
+    values [1, Hkv, seen, D] -> [1, Hkv, G, D]; per query head (`enable_gqa`) from
+    `per_head_from` keys (-1: never). Scripted calls are inlined, and the per-KV-head path
+    runs the one SDPA call it always did."""
+    if grouped and 0 <= per_head_from <= seen:
+        return F.scaled_dot_product_attention(q.flatten(1, 2).unsqueeze(2), keys, values,
+                                              scale=scale, enable_gqa=True).view_as(q)
+    return F.scaled_dot_product_attention(q, keys, values, scale=scale)
 
 
 def _widen(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

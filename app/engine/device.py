@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from app.engine.kernel_policy import TWO_COPIES_MAX_FILE_BYTES
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat
 from app.models.quantized import int4_kernel_available
@@ -39,9 +40,6 @@ from app.models.quantized import int4_kernel_available
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int4")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# `auto` on the CPU keeps two copies of the weights for model files up to this size (a Q4
-# file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16).
-DUAL_WEIGHTS_MAX_FILE_BYTES = 800 * 2**20
 # Prepared weights, saved once per model file and format (app.models.weight_cache), unless
 # the environment sets FERROX_WEIGHT_CACHE=0.
 WEIGHT_CACHE_DIR = "weight-cache"
@@ -88,7 +86,8 @@ def resolve_weights(name: str, device: torch.device, file_bytes: int
 
     `auto` on the CPU, for a small enough model, stores each weight twice: float16 for
     decode and bfloat16 for prefill (`DualWeight`): float16's decode speed with bfloat16's
-    prefill speed, for twice the weight memory. Larger models get bfloat16 alone."""
+    prefill speed, for twice the weight memory, for the model files the CPU policy would give
+    two copies (`TWO_COPIES_MAX_FILE_BYTES`). Larger models get bfloat16 alone."""
     if name not in DTYPE_CHOICES or name == "int4":
         raise DeviceError(f"Unknown float dtype {name!r}; choose one of "
                           f"{', '.join(n for n in DTYPE_CHOICES if n != 'int4')}.")
@@ -98,7 +97,7 @@ def resolve_weights(name: str, device: torch.device, file_bytes: int
         return (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16), None
     if device.type == "mps":
         return torch.float16, None
-    if file_bytes <= DUAL_WEIGHTS_MAX_FILE_BYTES:
+    if file_bytes <= TWO_COPIES_MAX_FILE_BYTES:
         return torch.float16, torch.bfloat16
     return torch.bfloat16, None
 

@@ -163,7 +163,8 @@ KV_PREFILL_ROWS = PREFILL_ROWS
 # faster at 1,500 positions in the engine; short contexts stay per KV head, as measured there.
 PER_HEAD_FROM = KV_CONTEXT // 2
 # Two copies of the weights (decode and prefill kinds differ) only for model files up to
-# this size (a Q4 file of 800 MB is ~1.4B parameters).
+# this size (a Q4 file of 800 MB is ~1.4B parameters: 5.6 GB as float16 + bfloat16, or ~3.5 GB
+# as 4-bit planes + a bfloat16 copy). `device.resolve_weights` holds unmeasured loads to it too.
 TWO_COPIES_MAX_FILE_BYTES = 800 * 2**20
 HEAD = "head"  # the output projection's key among a pass's timings
 

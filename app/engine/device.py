@@ -155,7 +155,8 @@ def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> L
     """The weight format for a dtype name on `device`. `auto` on the CPU with `measure` (the
     command line) uses `kernel_policy.policy_for`: the cached policy once checked, or a fresh
     measurement. Without `measure` (the window) it loads the cached policy unchecked, or
-    another model's choice on this CPU (`borrowed_policy`), or the safe default, leaving the
+    another model's choice on this CPU (`borrowed_policy`), or the default (`default_policy`:
+    4-bit decode for a model with 4-bit products), leaving the
     check or the measurement to the caller's background tuner (`ModelSession`);
     `LoadPlan.policy_status` says which."""
     from app.engine.kernel_policy import (borrowed_policy, cached_policy, default_policy,
@@ -184,7 +185,7 @@ def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> L
         policy = policy_for(shapes, data_dir())
     else:
         policy = (cached_policy(shapes, data_dir()) or borrowed_policy(shapes, data_dir())
-                  or default_policy("until this CPU is measured (in the background)"))
+                  or default_policy("until this CPU is measured (in the background)", shapes))
     return plan_from_policy(policy, device, file_bytes, shapes)
 
 

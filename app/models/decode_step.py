@@ -187,7 +187,7 @@ def mode(model) -> str:
     """How `model`'s decode passes run: "TorchScript" (every layer in scope and the step
     compiled), "Python" (a layer outside the scope: float weights, ...) or "Python
     (TorchScript unavailable)". For the status bar's tooltip, `bench` and the frozen
-    self-test (whose first start runs float16 weights: the last form is what it checks)."""
+    self-test (which fails on the last form: the scripted step's source was not shipped)."""
     if compiled() is None:
         return "Python (TorchScript unavailable)"
     layers = getattr(model, "layers", None)

@@ -22,6 +22,11 @@ TINY = kp.ModelShapes("tiny", {(192, 64): 2, (64, 64): 2, (256, 64): 2, (64, 128
                        (64, 128, 1): 1, (64, 128, 0): 1}, 2)
 
 
+# What nothing measured gives TINY, a model with 4-bit products (`default_policy`; pinned down
+# by the tests of the default below).
+TINY_DEFAULT = kp.default_policy("", TINY).label
+
+
 def _m(decode, prefill, spread=0.0) -> kp.Measurement:
     return kp.Measurement(decode, prefill, {k: spread for k in decode}, {k: spread for k in prefill})
 
@@ -369,7 +374,7 @@ def test_erratic_timings_are_never_cached(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(kp, "measure", lambda *a, **k: calls.append(1) or erratic)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert "erratic" in policy.reason and policy.label == kp.DEFAULT
+    assert "erratic" in policy.reason and policy.label == TINY_DEFAULT
     assert len(calls) == kp.MEASURE_TRIES == 2 and "after 2 measurements" in policy.reason
     assert "noise 90%" in policy.reason and "int4_bf16" in policy.reason  # what it saw
     assert kp.cached_policy(TINY, tmp_path) is None
@@ -413,7 +418,7 @@ def test_a_measurement_whose_threads_stalled_is_never_cached(tmp_path, monkeypat
                                   "int4_bf16": 8277.0}, 0.2), stalled=0.6, stall_ms=8.0)
     monkeypatch.setattr(kp, "measure", lambda *a, **k: stalled)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert policy.label == kp.DEFAULT and policy.status == kp.NOT_MEASURED
+    assert policy.label == TINY_DEFAULT and policy.status == kp.NOT_MEASURED
     assert "threads waited for cores other programs held in 60% of the timings" in policy.reason
     assert "(waking them took 8.0 ms there" in policy.reason
     assert kp.cached_policy(TINY, tmp_path) is None
@@ -424,7 +429,7 @@ def test_a_measurement_whose_threads_stalled_is_never_cached(tmp_path, monkeypat
 def test_a_measurement_past_its_budget_keeps_the_default(tmp_path, monkeypatch):
     monkeypatch.setattr(kp, "BUDGET_S", 0.0)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert policy.label == kp.DEFAULT and "busy machine" in policy.reason
+    assert policy.label == TINY_DEFAULT and "busy machine" in policy.reason
     assert kp.cached_policy(TINY, tmp_path) is None
 
 
@@ -659,8 +664,9 @@ def test_auto_on_the_cpu_measures_once_then_checks_and_says_why(embedded_model_p
     plan = plan_load(embedded_model_path, torch.device("cpu"), "auto")
     assert "(cached" not in plan.reason
     again = plan_load(embedded_model_path, torch.device("cpu"), "auto")
-    if plan.reason.startswith(f"{kp.DEFAULT} (default) kept"):  # a busy machine: nothing cached
-        assert plan.label == kp.DEFAULT and plan.policy_status == kp.NOT_MEASURED
+    if f"{kp.DEFAULT_SAYS} kept" in plan.reason:  # a busy machine: nothing cached
+        assert plan.label == kp.default_policy("", plan.shapes).label
+        assert plan.policy_status == kp.NOT_MEASURED
         assert "(cached" not in again.reason
     else:
         assert plan.reason.startswith("measured on ") and plan.policy_status == kp.MEASURED
@@ -674,11 +680,43 @@ def test_auto_on_the_cpu_measures_once_then_checks_and_says_why(embedded_model_p
     assert unchecked.policy_status == (kp.UNCHECKED if cached else kp.NOT_MEASURED)
 
 
-def test_without_measuring_first_the_safe_default_loads(embedded_model_path, _own_data_dir):
+def test_without_measuring_first_the_default_loads(embedded_model_path, _own_data_dir):
+    """Nothing measured on this machine: float16, decoding a model's 4-bit products with the
+    4-bit kernel (the 4-bit planes with a float16 copy for prefill)."""
     plan = plan_load(embedded_model_path, torch.device("cpu"), "auto", measure=False)
-    assert plan.label == kp.DEFAULT and "default" in plan.reason and plan.shapes is not None
-    assert (plan.dtype, plan.wide_dtype, plan.int4) == (torch.float16, None, None)
+    assert plan.policy_status == kp.NOT_MEASURED and plan.shapes is not None
+    assert plan.label == f"{kp.PROVISIONAL_DECODE} decode, {kp.DEFAULT} prefill"
+    assert plan.reason.startswith(f"{plan.label} {kp.DEFAULT_SAYS} until this CPU is measured")
+    assert (plan.dtype, plan.wide_dtype) == (torch.float16, None)
+    assert plan.int4.int4 and plan.int4.int4_act_dtype == torch.bfloat16
+    assert plan.int4.int4_wide_dtype == torch.float16  # prefill in float16, as before
     assert kp.cached_policy(plan.shapes, _own_data_dir) is None
+
+
+def test_the_default_decodes_4_bit_products_only_where_the_kernel_runs(monkeypatch):
+    assert kp.int4_kernel_runs()  # torch 2.13 on x86: the kernel is there and multiplies right
+    policy = kp.default_policy("why", TINY)
+    assert (policy.decode, policy.prefill, policy.status) == ("int4_bf16", "float16", kp.NOT_MEASURED)
+    assert policy.reason == "int4_bf16 decode, float16 prefill (default) why"
+    # No shapes, or no 4-bit products: float16 throughout.
+    assert kp.default_policy("why").decode == kp.DEFAULT == "float16"
+    floats_only = dataclasses.replace(TINY, int4_layers={}, head_planes=0)
+    assert floats_only.int4_fraction == 0 and kp.default_policy("", floats_only).label == kp.DEFAULT
+    # A measurement that saw the kernel fail, or a kernel that does not run here: float16.
+    assert kp.default_policy("", TINY, failed={"int4_bf16": "RuntimeError"}).decode == kp.DEFAULT
+    monkeypatch.setattr(kp, "int4_kernel_runs", lambda: False)
+    assert kp.default_policy("", TINY).label == kp.DEFAULT
+
+
+def test_the_kernel_probe_says_no_when_the_kernel_raises(monkeypatch):
+    import app.models.quantized as quantized
+
+    def broken(*args):
+        raise RuntimeError("no kernel for this CPU")
+
+    monkeypatch.setattr(quantized, "_kernel_runs", None)
+    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", broken)
+    assert quantized.int4_kernel_runs() is False
 
 
 def test_a_files_shapes_are_remembered_until_it_changes(embedded_model_path, tmp_path):

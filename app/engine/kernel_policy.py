@@ -49,11 +49,12 @@ The session measures in the background once a usable model is loaded (`tune`), s
 never waits for it; until a model is measured it loads in the choice measured for another
 model on the same CPU, torch and threads (`borrowed_policy`), or in the default when there is
 none (`default_policy`: float16, decoding with the 4-bit kernel where the model has 4-bit
-products and the kernel runs: `PROVISIONAL_DECODE`); the command line (`load_on(measure=True)`, `policy_for`) measures, or
-checks the cached entry, before loading. Results are cached per measurement (`MEASURE_VERSION`,
-`PREFILL_ROWS`, the candidate kinds), CPU (model name and torch's capability), torch version,
-thread count and model products in `kernel_policy.json` in the data folder; entries of another
-measurement are ignored and pruned. A damaged cache file is ignored and rewritten.
+products and the kernel runs: `PROVISIONAL_DECODE`); the command line
+(`load_on(measure=True)`, `policy_for`) measures, or checks the cached entry, before loading.
+Results are cached per measurement (`MEASURE_VERSION`, `PREFILL_ROWS`, the candidate kinds),
+CPU (model name and torch's capability), torch version, thread count and model products in
+`kernel_policy.json` in the data folder; entries of another measurement are ignored and
+pruned. A damaged cache file is ignored and rewritten.
 
 Candidates (`KINDS`): float32, bfloat16, float16, and the 4-bit weight-only kernel with
 bfloat16 or float32 activations (`app.models.quantized`). Every one meets the quality bar
@@ -104,7 +105,8 @@ import torch
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat, linear, weights_transposed
 from app.models.quantized import (Int4Codes, Int4Form, QuantizedWeight, int4_kernel_available,
-                                  int4_kernel_runs, kernel_planes, pack_int4, quantize_int4, screens)
+                                  int4_kernel_runs, kernel_planes, pack_int4, quantize_int4,
+                                  screens)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -132,13 +134,14 @@ FAILS_QUALITY: frozenset[str] = frozenset()
 DEFAULT = "float16"
 # ... except that a model with 4-bit products decodes with the 4-bit kernel until measured
 # (`default_policy`), where that kernel runs: with torch's AVX-512 and AVX2 kernels alike it
-# decoded 2.3-4.3x faster than float16. The policy's own timings, 2-core AMX Xeon, 2 threads (ms a step, 4-bit /
-# float16 / float32): SmolLM2 6.4 / 27.4 / 19.8, Gemma 3 270M 17.9 / 44.7 / 35.9; on torch's
-# AVX2 kernels 9.9 / 26.9 / 20.8 and 19.4 / 45.2 / 86.3. A first start on a machine never
-# measured had decoded SmolLM2's first reply at ~31 tok/s in float16 against ~116 (the reply
-# came before the background measurement, which then waits for the engine to be idle), and an
-# unusable measurement had left Gemma at ~2.4x its decode time until the next load. Prefill
-# stays float16's (bfloat16's prefill is the slow one on AVX2). The measurement decides.
+# decoded 2.3-4.3x faster than float16. The policy's own timings, 2-core AMX Xeon, 2 threads
+# (ms a step, 4-bit / float16 / float32): SmolLM2 6.4 / 27.4 / 19.8, Gemma 3 270M 17.9 /
+# 44.7 / 35.9; on torch's AVX2 kernels 9.9 / 26.9 / 20.8 and 19.4 / 45.2 / 86.3. A first
+# start on a machine never measured had decoded SmolLM2's first reply at ~31 tok/s in
+# float16 against ~116 (the reply came before the background measurement, which waits for
+# the engine to be idle), and an unusable measurement had left Gemma at ~2.4x its decode
+# time until the next load. Prefill stays float16's (bfloat16's prefill is the slow one on
+# AVX2). The measurement decides.
 PROVISIONAL_DECODE = "int4_bf16"
 REPS = 5  # interleaved repetitions of a full measurement
 VALIDATE_REPS = 3

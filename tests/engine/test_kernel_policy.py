@@ -680,6 +680,7 @@ def test_auto_on_the_cpu_measures_once_then_checks_and_says_why(embedded_model_p
     assert unchecked.policy_status == (kp.UNCHECKED if cached else kp.NOT_MEASURED)
 
 
+@pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
 def test_without_measuring_first_the_default_loads(embedded_model_path, _own_data_dir):
     """Nothing measured on this machine: float16, decoding a model's 4-bit products with the
     4-bit kernel (the 4-bit planes with a float16 copy for prefill)."""
@@ -693,6 +694,7 @@ def test_without_measuring_first_the_default_loads(embedded_model_path, _own_dat
     assert kp.cached_policy(plan.shapes, _own_data_dir) is None
 
 
+@pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
 def test_the_default_decodes_4_bit_products_only_where_the_kernel_runs(monkeypatch):
     assert kp.int4_kernel_runs()  # torch 2.13 on x86: the kernel is there and multiplies right
     policy = kp.default_policy("why", TINY)

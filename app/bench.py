@@ -220,21 +220,9 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     # Aborted once the document had its first token, not ended on its own before.
     results["stream_ran_throughout"] = traces["stream"].finished.finish_reason == "abort"
 
-    # 5. four streams at once against one, after a short and a 1,000-token prompt: each the
-    # best of two runs taken in turn (1, 4, 1, 4), as the comparison script takes its best of
-    # two, so a busy moment on a shared machine weighs on neither side alone.
+    # 5. four streams at once against one, after a short and a 1,000-token prompt.
     for context in (24, 1000):
-        rates = {1: 0.0, 4: 0.0}
-        for n in (1, 4) * 2:
-            engine.clear_cache()
-            prompts = {f"s{i}": bos_prefix(tok) + filler_ids(tok, context, salt=10 + i)
-                       for i in range(n)}
-            # Read the prompts first, so the streams then start decoding together.
-            _drive(engine, {k: (ids, SamplingParams(max_tokens=1, **greedy)) for k, ids in prompts.items()})
-            # 96 tokens: over fewer, one stream's rate moved 15% between runs (a thread-count
-            # probe or a busy moment weighs on a 0.6 s stretch).
-            jobs = {k: (ids, SamplingParams(max_tokens=96, **greedy)) for k, ids in prompts.items()}
-            rates[n] = max(rates[n], _decoding_rate(_drive(engine, jobs)))
+        rates = stream_rates(engine, tok, context)
         results[f"streams_1_ctx{context}_tokens_per_s"] = round(rates[1], 1)
         results[f"streams_4_ctx{context}_tokens_per_s"] = round(rates[4], 1)
         results[f"streams_4_over_1_ctx{context}"] = round(rates[4] / rates[1], 2) if rates[1] else None
@@ -407,12 +395,39 @@ def _larger(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
+def stream_prompts(tokenizer, context: int, n: int) -> list[list[int]]:
+    """The prompts of n streams decoding together: `context` tokens of prose each, told
+    apart by their salt (so no stream shares another's cached prefix)."""
+    return [bos_prefix(tokenizer) + filler_ids(tokenizer, context, salt=10 + i) for i in range(n)]
+
+
+def stream_rates(engine: Engine, tokenizer, context: int, streams: int = 4, tokens: int = 96
+                 ) -> dict[int, float]:
+    """Tokens per second of one stream and of `streams` at once (`stream_prompts`), greedy,
+    each the best of two runs taken in turn (1, n, 1, n), as the comparison script takes its
+    best of two, so a busy moment on a shared machine weighs on neither side alone.
+    Each run reads its prompts first, so its streams then start decoding together. 96
+    tokens: over fewer, one stream's rate moved 15% between runs (a thread-count probe or a
+    busy moment weighs on a 0.6 s stretch)."""
+    greedy = dict(temperature=0, ignore_eos=True)
+    rates = {1: 0.0, streams: 0.0}
+    for n in (1, streams) * 2:
+        engine.clear_cache()
+        prompts = {f"s{i}": ids for i, ids in enumerate(stream_prompts(tokenizer, context, n))}
+        _drive(engine, {k: (ids, SamplingParams(max_tokens=1, **greedy)) for k, ids in prompts.items()})
+        jobs = {k: (ids, SamplingParams(max_tokens=tokens, **greedy)) for k, ids in prompts.items()}
+        rates[n] = max(rates[n], _decoding_rate(_drive(engine, jobs)))
+    return rates
+
+
 def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: int = 128,
-                         tries: int = 2, long_context: int = 0) -> list[dict]:
+                         tries: int = 2, long_context: int = 0, streams: int = 0) -> list[dict]:
     """Load time, decode and 1,024-token prefill for each weight dtype, one after another in
     one process, so the figures are comparable; with `long_context`, decode after a prompt of
     that many tokens too (`decode_long_tokens_per_s`: a long chat's pace, where attention over
-    the context weighs most). Decode and prefill are each the best of
+    the context weighs most); with `streams`, that many streams at once against one after
+    24-token prompts (`stream_rates`: `streams_1_tokens_per_s`, `streams_n_tokens_per_s`).
+    Decode and prefill are each the best of
     `tries` runs on one engine (the prefix cache cleared before each), as the llama.cpp
     side of `scripts/compare_with_llama_cpp.py` takes its best of two. `auto` rows say what
     the measured policy chose and why, and whether the choice was measured or checked now
@@ -449,11 +464,14 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
         if long_context and decode_tokens:
             ids = bos_prefix(loaded.tokenizer) + filler_ids(loaded.tokenizer, long_context, salt=2)
             decode_long = max(timed_runs(ids, decode_tokens, lambda t: t.decode_tokens_per_s))
+        rates = stream_rates(engine, loaded.tokenizer, 24, streams) if streams > 1 else {}
         rows.append({"dtype": dtype, "weights": loaded.weights_label,
                      "load_s": round(loaded.load_seconds, 2),
                      "decode_tokens_per_s": round(decode, 1) if decode else None,
                      "prefill_1024_s": round(prefill, 2),
                      "decode_long_tokens_per_s": round(decode_long, 1) if decode_long else None,
+                     "streams_1_tokens_per_s": round(rates[1], 1) if rates else None,
+                     "streams_n_tokens_per_s": round(rates[streams], 1) if rates else None,
                      "policy": loaded.policy_label, "why": loaded.policy_reason,
                      "policy_status": loaded.load_plan.policy_status,
                      "running_peak_rss_mb": peak_rss_since_restart_mb() if restarted else None})

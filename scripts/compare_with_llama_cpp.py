@@ -12,11 +12,14 @@ taken from the app's models folder), both sides load the file, decode 128 greedy
 after the same prompt (BOS where the model wants it, then 32 tokens of prose), prefill the
 same 1,023-1,024 tokens (likewise: the ids `bench` uses) and decode 128 tokens again after a
 prompt of --long-context tokens (4,000; 0 skips it: a long chat's pace), with the same
-thread count, one after the other; every configuration runs in its own process so its peak memory (resident set) is its own. Ratios above 1.0 mean we are
-faster. The CPU capability torch reports is printed first: the figures only mean something
-with it. An `auto` row says what the measured CPU policy chose, why, and whether that choice
-was measured or its cached entry checked in this run ("policy measured now", "policy cached,
-checked now", ...). Without --llama-python (or if it cannot import llama_cpp) only our side runs.
+thread count, one after the other; every configuration runs in its own process so its peak
+memory (resident set) is its own. Ratios above 1.0 mean we are faster. llama.cpp runs with
+flash attention on (its own default) and off (llama-cpp-python's), and each of its figures
+is the better of the two. The CPU capability torch reports is printed first: the figures
+only mean something with it. An `auto` row says what the measured CPU policy chose, why, and
+whether that choice was measured or its cached entry checked in this run ("policy measured
+now", "policy cached, checked now", ...). Without --llama-python (or if it cannot import
+llama_cpp) only our side runs.
 
 An AVX-512 machine can stand in for an AVX2-only CPU (the class issue 9 was filed on; its
 caches and memory stay this machine's): llama.cpp built without AVX-512 in a venv of its own,
@@ -51,29 +54,101 @@ from llama_cpp import Llama
 path, threads, n_decode = sys.argv[1], int(sys.argv[4]), int(sys.argv[5])
 decode_ids, prefill_ids = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 long_ids = json.loads(sys.argv[6])
-start = time.perf_counter()
-llm = Llama(model_path=path, n_ctx=max(4096, len(long_ids) + n_decode + 16), n_threads=threads,
-            n_threads_batch=threads, n_batch=512, verbose=False)
-load_s = time.perf_counter() - start
-def last_logits():
-    # The context's logits of the last token evaluated (llama-cpp-python keeps no copy of
-    # them without logits_all: its `scores` rows stay unwritten).
-    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-def decode(n, ids=decode_ids):
-    llm.reset(); llm.eval(ids)
+# llama.cpp's own default ("auto") runs flash attention on the CPU; llama-cpp-python turns it
+# off unless asked. Neither is faster everywhere (SmolLM2 on a 2-core AVX-512 Xeon: ~107 against
+# ~94 tok/s decode with it, 34 against 42 tok/s after 4,000 prompt tokens without), so each
+# figure is llama.cpp's better of the two, and says which.
+best, which, load_s = {}, {}, None
+def better(key, value, setting, lower=False):
+    if value is not None and (key not in best or (value < best[key] if lower else value > best[key])):
+        best[key], which[key] = value, setting
+for flash in (True, False):
     start = time.perf_counter()
-    for _ in range(n):
-        token = int(last_logits().argmax())  # greedy, as our side
-        llm.eval([token])
-    return n / (time.perf_counter() - start)
-def prefill():
-    llm.reset(); start = time.perf_counter(); llm.eval(prefill_ids)
-    return time.perf_counter() - start
-prefill()  # warm up
-print(json.dumps({"decode_tokens_per_s": round(max(decode(n_decode) for _ in range(2)), 1) if n_decode else None,
-                  "prefill_1024_s": round(min(prefill() for _ in range(2)), 2),
-                  "decode_long_tokens_per_s": round(max(decode(n_decode, long_ids) for _ in range(2)), 1)
-                  if n_decode and long_ids else None,
+    llm = Llama(model_path=path, n_ctx=max(4096, len(long_ids) + n_decode + 16), n_threads=threads,
+                n_threads_batch=threads, n_batch=512, flash_attn=flash, verbose=False)
+    load_s = load_s if load_s is not None else time.perf_counter() - start
+    def last_logits():
+        # The context's logits of the last token evaluated (llama-cpp-python keeps no copy of
+        # them without logits_all: its `scores` rows stay unwritten).
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+    def decode(n, ids=decode_ids):
+        llm.reset(); llm.eval(ids)
+        start = time.perf_counter()
+        for _ in range(n):
+            token = int(last_logits().argmax())  # greedy, as our side
+            llm.eval([token])
+        return n / (time.perf_counter() - start)
+    def prefill():
+        llm.reset(); start = time.perf_counter(); llm.eval(prefill_ids)
+        return time.perf_counter() - start
+    prefill()  # warm up
+    setting = "on" if flash else "off"
+    if n_decode:
+        better("decode_tokens_per_s", round(max(decode(n_decode) for _ in range(2)), 1), setting)
+        if long_ids:
+            better("decode_long_tokens_per_s", round(max(decode(n_decode, long_ids) for _ in range(2)), 1),
+                   setting)
+    better("prefill_1024_s", round(min(prefill() for _ in range(2)), 2), setting, lower=True)
+    llm.close() if hasattr(llm, "close") else None
+    del llm
+stream_ids = json.loads(sys.argv[7])
+streams = {}
+if stream_ids and n_decode:
+    # Several sequences decoding together, through llama.cpp's own batch API (the high-level
+    # `Llama` holds one sequence): one context with a sequence slot per stream, every step a
+    # batch of one token per stream, each stream's greedy token read from its own row.
+    import llama_cpp as L
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+    vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    batch = L.llama_batch_init(512, 0, len(stream_ids))
+    def put(i, token, pos, seq, logits):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+        batch.seq_id[i][0], batch.logits[i] = seq, logits
+    def greedy(ctx, row):
+        return int(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(vocab,)).argmax())
+    def rate(ctx, prompts, steps=96):
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        i, lasts = 0, []
+        for seq, ids in enumerate(prompts):  # every prompt read in one batch
+            for p, token in enumerate(ids):
+                put(i, token, p, seq, p == len(ids) - 1)
+                i += 1
+            lasts.append(i - 1)
+        batch.n_tokens = i
+        assert L.llama_decode(ctx, batch) == 0
+        nxt, pos = [greedy(ctx, row) for row in lasts], [len(ids) for ids in prompts]
+        start = time.perf_counter()
+        for _ in range(steps):
+            for seq in range(len(prompts)):
+                put(seq, nxt[seq], pos[seq], seq, True)
+            batch.n_tokens = len(prompts)
+            assert L.llama_decode(ctx, batch) == 0
+            for seq in range(len(prompts)):
+                nxt[seq] = greedy(ctx, seq)
+                pos[seq] += 1
+        return len(prompts) * steps / (time.perf_counter() - start)
+    for flash in (L.LLAMA_FLASH_ATTN_TYPE_ENABLED, L.LLAMA_FLASH_ATTN_TYPE_DISABLED):
+        params = L.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = 4096, 512, 512
+        params.n_seq_max, params.n_threads, params.n_threads_batch = len(stream_ids), threads, threads
+        params.flash_attn_type = flash
+        if hasattr(params, "kv_unified"):
+            params.kv_unified = True
+        ctx = L.llama_init_from_model(model, params)
+        rates = {1: 0.0, len(stream_ids): 0.0}
+        for n in (1, len(stream_ids)) * 2:
+            rates[n] = max(rates[n], rate(ctx, stream_ids[:n]))
+        L.llama_free(ctx)
+        if rates[len(stream_ids)] > streams.get("streams_n_tokens_per_s", 0.0):
+            streams = {"streams_1_tokens_per_s": round(rates[1], 1),
+                       "streams_n_tokens_per_s": round(rates[len(stream_ids)], 1)}
+            which["streams"] = "on" if flash == L.LLAMA_FLASH_ATTN_TYPE_ENABLED else "off"
+print(json.dumps({"decode_tokens_per_s": best.get("decode_tokens_per_s"),
+                  "prefill_1024_s": best["prefill_1024_s"],
+                  "decode_long_tokens_per_s": best.get("decode_long_tokens_per_s"),
+                  **streams,
+                  "flash_attention": which,
                   "load_s": round(load_s, 2),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 """
@@ -86,22 +161,25 @@ from app.bench import run_dtype_comparison
 from app.engine.device import configure_cpu_threads
 configure_cpu_threads()
 row = run_dtype_comparison(sys.argv[1], "cpu", [sys.argv[2]], decode_tokens=int(sys.argv[4]),
-                           long_context=int(sys.argv[5]))[0]
+                           long_context=int(sys.argv[5]), streams=int(sys.argv[6]))[0]
 print(json.dumps(row))
 """
 
 
-def prompts(path: Path, long_context: int) -> tuple[list[int], list[int], list[int]]:
+def prompts(path: Path, long_context: int, streams: int
+            ) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     """The token ids `app.bench.run_dtype_comparison` feeds our side, for llama.cpp's side:
-    the decode prompt, the prefill prompt and the long prompt (empty without `long_context`)."""
-    from app.bench import filler_ids
+    the decode prompt, the prefill prompt, the long prompt (empty without `long_context`) and
+    the streams' prompts (none without `streams`)."""
+    from app.bench import filler_ids, stream_prompts
     from app.models.loader import load_tokenizer
     from app.models.prompt import bos_prefix
 
     tokenizer = load_tokenizer(path)
     bos = bos_prefix(tokenizer)
     long = bos + filler_ids(tokenizer, long_context, salt=2) if long_context else []
-    return bos + filler_ids(tokenizer, 32), bos + filler_ids(tokenizer, 1023, salt=1), long
+    together = stream_prompts(tokenizer, 24, streams) if streams > 1 else []
+    return bos + filler_ids(tokenizer, 32), bos + filler_ids(tokenizer, 1023, salt=1), long, together
 
 
 def model_path(spec: str) -> Path:
@@ -122,6 +200,12 @@ def run_json(cmd: list[str], env: dict) -> dict:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         return {"error": tail}
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _streams(row: dict, n: int) -> str:
+    """e.g. "4 streams at once 255.7 tok/s, one 122.7: 2.08x"."""
+    one, many = row["streams_1_tokens_per_s"], row["streams_n_tokens_per_s"]
+    return f"{n} streams at once {many:.1f} tok/s, one {one:.1f}: {many / one:.2f}x"
 
 
 def _rate(row: dict, key: str = "decode_tokens_per_s") -> str:
@@ -154,6 +238,9 @@ def main() -> int:
                         help="greedy tokens timed for decode; 0: prefill only (a busy machine)")
     parser.add_argument("--long-context", type=int, default=4000,
                         help="prompt tokens before the long-chat decode; 0 skips it")
+    parser.add_argument("--streams", type=int, default=4,
+                        help="streams decoding at once, against one (24-token prompts); "
+                             "0 skips it")
     args = parser.parse_args()
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -166,7 +253,8 @@ def main() -> int:
         path = model_path(spec)
         print(f"\n== {path.name}")
         try:
-            decode_ids, prefill_ids, long_ids = prompts(path, args.long_context)
+            decode_ids, prefill_ids, long_ids, stream_ids = prompts(path, args.long_context,
+                                                                   args.streams)
         except Exception as exc:  # the model's tokenizer may not be readable by the app yet
             print(f"   skipped: {exc}")
             continue
@@ -174,7 +262,7 @@ def main() -> int:
         if with_llama:
             llama = run_json([args.llama_python, "-c", LLAMA_SIDE, str(path), json.dumps(decode_ids),
                               json.dumps(prefill_ids), str(args.threads), str(args.decode_tokens),
-                              json.dumps(long_ids)], env)
+                              json.dumps(long_ids), json.dumps(stream_ids)], env)
             if "error" in llama:
                 print(f"   llama.cpp failed: {llama['error']}")
                 llama = None
@@ -183,9 +271,17 @@ def main() -> int:
                       f"prefill 1,024 {llama['prefill_1024_s']:5.2f} s   "
                       f"after {args.long_context:,} {_rate(llama, 'decode_long_tokens_per_s')} tok/s   "
                       f"peak {llama['peak_rss_mb']} MB   load {llama['load_s']:.2f} s")
+                flash = llama.get("flash_attention", {})
+                print("      llama.cpp's better of flash attention on and off: "
+                      + ", ".join(f"{name} {flash[key]}" for key, name in (
+                          ("decode_tokens_per_s", "decode"), ("prefill_1024_s", "prefill"),
+                          ("decode_long_tokens_per_s", "long-chat decode"), ("streams", "streams"))
+                          if key in flash))
+                if llama.get("streams_n_tokens_per_s"):
+                    print(f"      llama.cpp {_streams(llama, args.streams)}")
         for dtype in args.dtypes.split(","):
             row = run_json([sys.executable, "-c", OUR_SIDE, str(path), dtype, str(ROOT),
-                            str(args.decode_tokens), str(args.long_context)], env)
+                            str(args.decode_tokens), str(args.long_context), str(args.streams)], env)
             if "error" in row:
                 print(f"   ferrox {dtype:<12} failed: {row['error']}")
                 continue
@@ -203,6 +299,12 @@ def main() -> int:
                     line += (f"   long-chat decode ratio "
                              f"{row['decode_long_tokens_per_s'] / llama['decode_long_tokens_per_s']:.2f}x")
             print(line)
+            if row.get("streams_n_tokens_per_s"):
+                together = f"      ours {_streams(row, args.streams)}"
+                if llama and llama.get("streams_n_tokens_per_s"):
+                    together += (f"; at {args.streams} streams ours / llama.cpp's "
+                                 f"{row['streams_n_tokens_per_s'] / llama['streams_n_tokens_per_s']:.2f}x")
+                print(together)
             status = f"policy {row['policy_status']}; " if row.get("policy_status") else ""
             print(f"      weights {row['weights']}; {status}{row['why']}")
     return 0

@@ -151,3 +151,29 @@ def test_a_restart_the_system_ignored_is_reported(monkeypatch, tmp_path):
     assert not bench.restart_peak_rss()
     status["VmHWM"] = 700  # a restart that took
     assert bench.restart_peak_rss()
+
+
+def test_stream_rates_take_one_stream_and_several_in_turn(embedded_model_path, monkeypatch):
+    """`bench`'s and the comparison script's streams figure: 1, n, 1, n runs, each reading its
+    prompts first (a distinct prompt a stream), then decoding them together."""
+    import app.bench as bench
+    from app.engine.engine import Engine, EngineConfig
+
+    with GGUFFile(embedded_model_path) as gguf:
+        tiny = make_tiny_model(Tokenizer.from_gguf(gguf))
+    runs = []
+    real = bench._drive
+
+    def drive(engine, jobs, *args, **kwargs):
+        runs.append(sorted((len(ids), params.max_tokens) for ids, params in jobs.values()))
+        return real(engine, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_drive", drive)
+    rates = bench.stream_rates(Engine(tiny, EngineConfig(kv_tokens=1024)), tiny.tokenizer, 8,
+                               streams=3, tokens=5)
+    assert set(rates) == {1, 3} and rates[1] > 0 and rates[3] > 0
+    prompt = len(bench.stream_prompts(tiny.tokenizer, 8, 1)[0])
+    one, three = [(prompt, 1)], [(prompt, 1)] * 3
+    assert runs == [one, [(prompt, 5)], three, [(prompt, 5)] * 3] * 2
+    prompts = bench.stream_prompts(tiny.tokenizer, 8, 3)
+    assert len({tuple(p) for p in prompts}) == 3 and prompts[0] == bench.stream_prompts(tiny.tokenizer, 8, 1)[0]

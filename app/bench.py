@@ -51,6 +51,10 @@ _SENTENCES = [
 ]
 
 
+# Every figure's requests: greedy tokens, never ended early by the model's end token.
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
 def filler_ids(tokenizer, n_tokens: int, salt: int = 0) -> list[int]:
     """About `n_tokens` of ordinary prose (no BOS), varied by `salt` so prompts differ."""
     ids: list[int] = []
@@ -134,7 +138,6 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
               long_prompt_tokens: int = 12_000) -> dict:
     engine = Engine(loaded, EngineConfig(kv_tokens=max(16_384, long_prompt_tokens + 1_024)))
     tok = loaded.tokenizer
-    greedy = dict(temperature=0, ignore_eos=True)
     results: dict = {"model": loaded.name, "device": str(loaded.device),
                      "dtype": loaded.weights_label, "policy": loaded.policy_reason,
                      # measured now, cached and checked now, cached unchecked, ... (kernel_policy)
@@ -145,14 +148,14 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
 
     # 1. decode, one stream
     ids = bos_prefix(tok) + filler_ids(tok, 32)
-    trace = _drive(engine, {"decode": (ids, SamplingParams(max_tokens=decode_tokens, **greedy))})
+    trace = _drive(engine, {"decode": (ids, SamplingParams(max_tokens=decode_tokens, **GREEDY))})
     results["decode_tokens_per_s"] = round(trace["decode"].finished.timings.decode_tokens_per_s, 1)
     solo = _gaps_ms(trace["decode"].tokens)
 
     # 2. prefill 1,024 tokens
     engine.clear_cache()
     ids = bos_prefix(tok) + filler_ids(tok, 1023, salt=1)
-    trace = _drive(engine, {"prefill": (ids, SamplingParams(max_tokens=1, **greedy))})
+    trace = _drive(engine, {"prefill": (ids, SamplingParams(max_tokens=1, **GREEDY))})
     prefill_s = trace["prefill"].finished.timings.prefill_s
     results["prefill_1024_s"] = round(prefill_s, 2)
     results["prefill_tokens_per_s"] = round(1024 / prefill_s, 1)
@@ -165,11 +168,11 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
                          history + [Message("user", "Summarise that in one sentence.")])
     assert follow[:len(earlier)] == earlier
     engine.clear_cache()
-    cold = _drive(engine, {"cold": (follow, SamplingParams(max_tokens=1, **greedy))})["cold"]
+    cold = _drive(engine, {"cold": (follow, SamplingParams(max_tokens=1, **GREEDY))})["cold"]
     engine.clear_cache()
     # The earlier turns as the previous request left them in the cache.
-    _drive(engine, {"earlier": (earlier, SamplingParams(max_tokens=1, **greedy))})
-    warm = _drive(engine, {"warm": (follow, SamplingParams(max_tokens=1, **greedy))})["warm"]
+    _drive(engine, {"earlier": (earlier, SamplingParams(max_tokens=1, **GREEDY))})
+    warm = _drive(engine, {"warm": (follow, SamplingParams(max_tokens=1, **GREEDY))})["warm"]
     results["follow_up_prompt_tokens"] = len(follow)
     results["follow_up_ttft_cold_s"] = round(cold.first_token_s, 3)
     results["follow_up_ttft_warm_s"] = round(warm.first_token_s, 3)
@@ -187,8 +190,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
                 and t["stream"].tokens[-1] > t["document"].tokens[0])
 
     traces = _drive(engine,
-                    {"stream": (stream, SamplingParams(max_tokens=max(stream_tokens, 4_000), **greedy))},
-                    {"document": (8, document, SamplingParams(max_tokens=1, **greedy))},
+                    {"stream": (stream, SamplingParams(max_tokens=max(stream_tokens, 4_000), **GREEDY))},
+                    {"document": (8, document, SamplingParams(max_tokens=1, **GREEDY))},
                     until=stream_went_on)
     doc_done = traces["document"].tokens and traces["document"].tokens[0]  # its first token
     stream_times = traces["stream"].tokens
@@ -212,7 +215,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
 
     # 4b. the same document alone
     engine.clear_cache()
-    alone = _drive(engine, {"document": (document, SamplingParams(max_tokens=1, **greedy))})
+    alone = _drive(engine, {"document": (document, SamplingParams(max_tokens=1, **GREEDY))})
     alone_s = alone["document"].finished.timings.time_to_first_token_s
     results["document_prefill_alone_s"] = round(alone_s, 2)
     results["document_beside_stream_over_alone"] = round(
@@ -231,8 +234,8 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     # keys each token, so this is where the KV cache's dtype shows.
     engine.clear_cache()
     long_chat = bos_prefix(tok) + filler_ids(tok, min(4000, engine.context_length - 128), salt=30)
-    _drive(engine, {"long": (long_chat, SamplingParams(max_tokens=1, **greedy))})
-    rate = _decoding_rate(_drive(engine, {"long": (long_chat, SamplingParams(max_tokens=96, **greedy))}))
+    _drive(engine, {"long": (long_chat, SamplingParams(max_tokens=1, **GREEDY))})
+    rate = _decoding_rate(_drive(engine, {"long": (long_chat, SamplingParams(max_tokens=96, **GREEDY))}))
     results["decode_ctx4000_tokens_per_s"] = round(rate, 1)
     results["kv_dtype"] = str(loaded.kv_dtype).removeprefix("torch.")
 
@@ -241,7 +244,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     long_n = max(64, min(long_prompt_tokens, engine.context_length - 64))
     long_ids = bos_prefix(tok) + filler_ids(tok, long_n - 1, salt=20)
     short_ids = bos_prefix(tok) + filler_ids(tok, 19, salt=21)
-    one = SamplingParams(max_tokens=1, **greedy)
+    one = SamplingParams(max_tokens=1, **GREEDY)
     short_alone = _drive(engine, {"short": (short_ids, one)})["short"].first_token_s
     engine.clear_cache()
     traces = _drive(engine, {"long": (long_ids, one)}, {"short": (1.0, short_ids, one)})
@@ -252,7 +255,7 @@ def run_bench(loaded: LoadedModel, decode_tokens: int = 128, stream_tokens: int 
     # 7. eight requests at once, as API clients send them
     engine.clear_cache()
     jobs = {f"r{i}": (bos_prefix(tok) + filler_ids(tok, 149, salt=30 + i),
-                      SamplingParams(max_tokens=16, **greedy)) for i in range(8)}
+                      SamplingParams(max_tokens=16, **GREEDY)) for i in range(8)}
     firsts = sorted(t.first_token_s for t in _drive(engine, jobs).values())
     results["requests_8_first_ttft_s"] = round(firsts[0], 3)
     results["requests_8_last_ttft_s"] = round(firsts[-1], 3)
@@ -409,13 +412,12 @@ def stream_rates(engine: Engine, tokenizer, context: int, streams: int = 4, toke
     Each run reads its prompts first, so its streams then start decoding together. 96
     tokens: over fewer, one stream's rate moved 15% between runs (a thread-count probe or a
     busy moment weighs on a 0.6 s stretch)."""
-    greedy = dict(temperature=0, ignore_eos=True)
     rates = {1: 0.0, streams: 0.0}
     for n in (1, streams) * 2:
         engine.clear_cache()
         prompts = {f"s{i}": ids for i, ids in enumerate(stream_prompts(tokenizer, context, n))}
-        _drive(engine, {k: (ids, SamplingParams(max_tokens=1, **greedy)) for k, ids in prompts.items()})
-        jobs = {k: (ids, SamplingParams(max_tokens=tokens, **greedy)) for k, ids in prompts.items()}
+        _drive(engine, {k: (ids, SamplingParams(max_tokens=1, **GREEDY)) for k, ids in prompts.items()})
+        jobs = {k: (ids, SamplingParams(max_tokens=tokens, **GREEDY)) for k, ids in prompts.items()}
         rates[n] = max(rates[n], _decoding_rate(_drive(engine, jobs)))
     return rates
 
@@ -445,13 +447,12 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
         process_peak = _larger(process_peak, process_peak_rss_mb())
         restarted = restart_peak_rss()
         engine = Engine(loaded, EngineConfig(kv_tokens=max(4096, long_context + decode_tokens + 64)))
-        greedy = dict(temperature=0, ignore_eos=True)
-
+    
         def timed_runs(ids: list[int], max_tokens: int, key) -> list[float]:
             runs = []
             for _ in range(max(1, tries)):
                 engine.clear_cache()
-                trace = _drive(engine, {"r": (ids, SamplingParams(max_tokens=max_tokens, **greedy))})["r"]
+                trace = _drive(engine, {"r": (ids, SamplingParams(max_tokens=max_tokens, **GREEDY))})["r"]
                 runs.append(key(trace.finished.timings))
             return runs
 

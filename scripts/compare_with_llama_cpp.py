@@ -89,7 +89,8 @@ for flash in (True, False):
             better("decode_long_tokens_per_s", round(max(decode(n_decode, long_ids) for _ in range(2)), 1),
                    setting)
     better("prefill_1024_s", round(min(prefill() for _ in range(2)), 2), setting, lower=True)
-    llm.close() if hasattr(llm, "close") else None
+    if hasattr(llm, "close"):
+        llm.close()
     del llm
 stream_ids = json.loads(sys.argv[7])
 streams = {}

@@ -1200,13 +1200,12 @@ def still_holds(policy: Policy, m: Measurement) -> bool | None:
         if any(times[k] < times[chosen] * (1 - margin) for k in rivals):
             return False
     if policy.kv in m.kv_per_head_ms and policy.kv in m.kv_ms:
-        per_head = policy.kv_per_head
-        faster = m.kv_per_head_ms[policy.kv] if per_head else m.kv_ms[policy.kv]
-        slower = m.kv_ms[policy.kv] if per_head else m.kv_per_head_ms[policy.kv]
+        per_head, grouped = m.kv_per_head_ms[policy.kv], m.kv_ms[policy.kv]
+        chosen, other = (per_head, grouped) if policy.kv_per_head else (grouped, per_head)
         spreads = (m.kv_per_head_spread.get(policy.kv, 0.0), m.kv_spread.get(policy.kv, 0.0))
         if max(spreads) > ERRATIC:
             return None
-        if slower < faster * (1 - max(MIN_GAIN, *spreads)):
+        if other < chosen * (1 - max(MIN_GAIN, *spreads)):
             return False  # the other layout now wins beyond noise
     return True
 

@@ -29,7 +29,7 @@ from app.models.registry import gguf_architecture, hf_architecture
 from app.models.tensor_formats import unreadable_type_names
 from app.models.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
 from app.models.transformer import DecoderConfig, TransformerLM
-from app.models.weight_cache import WeightCache
+from app.models.weight_cache import EntryWriter, WeightCache
 from app.models.weight_sources import GGUFTensors, SafetensorsTensors, fill_weights, read_json
 
 ProgressFn = Callable[[float], None]  # fraction of the weights loaded, 0..1
@@ -160,12 +160,13 @@ def load_tokenizer(path: str | Path):
 
 
 def _build(family, cfg: DecoderConfig, refs, source, fmt: WeightFormat,
-           compute_dtype: torch.dtype, progress: ProgressFn | None) -> TransformerLM:
-    model = TransformerLM(cfg, fmt, compute_dtype)
+           compute_dtype: torch.dtype, progress: ProgressFn | None,
+           model: TransformerLM | None = None, writer: EntryWriter | None = None) -> TransformerLM:
+    model = model if model is not None else TransformerLM(cfg, fmt, compute_dtype)
     refs = list(refs)
     if progress is not None:
         refs = _reporting(refs, progress)
-    fill_weights(model, refs, source)
+    fill_weights(model, refs, source, writer.assigned if writer is not None else None)
     return model
 
 
@@ -195,11 +196,21 @@ def _load_gguf(path: Path, device, fmt, compute_dtype, progress, cache_dir: Path
             if progress is not None:
                 progress(1.0)
         else:
-            model = _build(family, cfg, family.gguf_tensors(cfg), source, fmt, compute_dtype, progress)
-            if cache is not None and cache.store(model):
-                # Run on the saved file, mapped, as every later load does: the built tensors'
-                # memory goes back, and the first session decodes as fast as later ones
-                # (Gemma 3 270M: 919 -> 373 MB resident after loading, 41.5 -> 43.6 tok/s).
+            model = TransformerLM(cfg, fmt, compute_dtype)  # (not the one a failed restore touched)
+            # Each layer is saved as it is built and then runs from the saved part, mapped.
+            writer = cache.writer(model) if cache is not None else None
+            try:
+                model = _build(family, cfg, family.gguf_tensors(cfg), source, fmt, compute_dtype,
+                               progress, model, writer)
+            except BaseException:
+                if writer is not None:
+                    writer.abandon()
+                raise
+            if writer is not None and writer.finish():
+                # Run on the saved entry, mapped, as every later load does: what the build
+                # still holds (embedding, head) goes back, and the first session decodes as
+                # fast as later ones (Gemma 3 270M: 919 -> 373 MB resident after loading,
+                # 41.5 -> 43.6 tok/s).
                 mapped = TransformerLM(cfg, fmt, compute_dtype)
                 if cache.restore(mapped):
                     model = mapped

@@ -2,41 +2,60 @@
 
 Turning GGUF blocks into what the model multiplies by (4-bit planes, float16/bfloat16
 copies) is most of a load's time; the result depends only on the file and the weight format.
-So after the first load the prepared slots are written to one file in the data folder, and
-every load, that first one included, maps that file (`torch.load(mmap=True)`): the pages are
-read as the model touches them, shared with the OS page cache. (The first load then lets its
-built tensors go: they held Gemma 3 270M's first session at 919 MB resident after loading
-against 373 mapped, and its decode ~5% slower than later sessions', measured side by side.)
-The file's name carries a hash of everything the result depends on (the model file's path,
-size and modification time, the format, the torch version, this module's layout version);
-only the newest entry per model file is kept (on Windows an older one a running model still
-maps stays until the next load), and an unreadable entry is deleted and rebuilt. Beside
-each model file's entry a small text file (`<prefix>.source`) names the model file; an entry
-whose model file is gone (deleted, moved, a temporary copy) is deleted at the next store or
-restore, so the folder never keeps hundreds of MB for models the person no longer has.
+So the first load saves the prepared slots in the data folder, and every load, that first
+one included, maps them (`torch.load(mmap=True)`): the pages are read as the model touches
+them, shared with the OS page cache. (Running on what it built held Gemma 3 270M's first
+session at 919 MB resident after loading against 373 mapped, and decoded ~5% slower than
+later sessions, measured side by side.)
+
+An entry is a folder of parts: one file per layer and one for the rest (embedding, head,
+final norm), named in its `entry.json`, which is written last, so a folder without it is
+an entry still being written or torn by a crash, and is never read. The first load writes
+each layer's part as soon as that layer is built and from then on runs the layer from it,
+mapped (`EntryWriter`), so the build holds about one layer's prepared weights in memory
+instead of the whole model's: a 1.8 GB synthetic 3B model's first load peaked at 2.7 GB of
+process memory when the whole model was built before saving it, and at 0.8 GB so.
+
+The folder's name carries a hash of everything the result depends on (the model file's
+path, size and modification time, the format, the torch version, this module's layout
+version); only the newest entry per model file is kept (on Windows a part a running model
+still maps stays until a later load), and an unreadable entry is deleted and rebuilt.
+Beside each model file's entries a small text file (`<prefix>.source`) names the model
+file; an entry whose model file is gone (deleted, moved, a temporary copy) is deleted at the
+next store or restore, so the folder never keeps hundreds of MB for models the person no
+longer has.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 import torch
 from gguf.constants import GGMLQuantizationType
 
+from app.heap import release_freed_memory
 from app.models.layers import DualWeight, WeightFormat
 from app.models.quantized import Int4Codes, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 7  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
+LAYOUT_VERSION = 8  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
 #                   4: only from SCREEN_MIN_ROWS tokens; 5: Q2_K/Q3_K/Q6_K as two planes;
 #                   6: two planes packed side by side, one product; 7: screened from 32,768
-#                   tokens, one in 128 of them rescored
-# Entries written before `.source` files existed name no model file: deleted once this old
-# (by modification time) unless a load uses them first (which writes their `.source`).
+#                   tokens, one in 128 of them rescored; 8: a folder of parts (was one file)
+MANIFEST = "entry.json"  # {"parts": [file names]}: written last, the entry is complete with it
+# Entries whose model file no `.source` names (written before those files existed): deleted
+# once this old (by modification time) unless a load uses them first (which writes their
+# `.source`).
 UNNAMED_ENTRY_MAX_AGE_S = 30 * 24 * 3600
+# Files in an entry's folder that its manifest does not name (a load that crashed while
+# writing, or lost to another process writing the same entry): deleted once this old, far
+# longer than any load takes, so a part another process is writing right now is left alone.
+STRAY_PART_MAX_AGE_S = 24 * 3600
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
@@ -62,38 +81,28 @@ class WeightCache:
         self.folder = folder
         self.model_path = resolved
         self.prefix = hashlib.sha1(resolved.encode()).hexdigest()[:16]
-        self.path = folder / f"{self.prefix}-{hashlib.sha1(identity.encode()).hexdigest()[:16]}.pt"
+        self.path = folder / f"{self.prefix}-{hashlib.sha1(identity.encode()).hexdigest()[:16]}"
         self.source = folder / f"{self.prefix}.source"
 
     # ---- writing -------------------------------------------------------------------------
 
-    def store(self, model) -> bool:
-        """Save every slot of a loaded model; older entries for the same file are deleted.
-        False when it could not be written (full disk, read-only folder): that only costs
-        the next load's time."""
-        tensors: dict[str, torch.Tensor] = {}
-        spec: dict[str, dict] = {}
-        for slot in model.slot_shapes():
-            spec[slot] = _describe(model._slot_value(slot), slot, tensors)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            torch.save({"spec": spec, "tensors": tensors}, tmp)
-            os.replace(tmp, self.path)
-        except OSError:
-            _remove(tmp)  # (where the folder is a file, there is no temporary file either)
-            return False
+    def writer(self, model) -> "EntryWriter":
+        """A writer for the entry of `model`, an empty model about to be built: told of each
+        slot as the build fills it, it saves the model part by part (`EntryWriter`)."""
+        return EntryWriter(self, model)
+
+    def _published(self) -> None:
+        """After an entry was written or read: older entries for the same model file go."""
         self._drop_older()
         self._name_source()
         prune(self.folder)
-        return True
 
     def _drop_older(self) -> None:
         """Delete this model file's other entries (other formats, older layouts). One that
         Windows keeps, because a running model maps it, goes at a later store or restore."""
-        for old in self.folder.glob(f"{self.prefix}-*.pt"):
+        for old in self.folder.glob(f"{self.prefix}-*"):
             if old != self.path:
-                _remove(old)
+                _remove_entry(old)
 
     def _name_source(self) -> None:
         try:
@@ -107,24 +116,144 @@ class WeightCache:
     def restore(self, model) -> bool:
         """Fill an empty model's slots from the entry; False (and the entry deleted when it
         was damaged) when there is none to use."""
-        if not self.path.is_file():
+        manifest = self.path / MANIFEST
+        if not manifest.is_file():
             return False
         try:
-            saved = torch.load(self.path, mmap=True, weights_only=True)
-            spec, tensors = saved["spec"], saved["tensors"]
-            if set(spec) != set(model.slot_shapes()):
+            parts = json.loads(manifest.read_text(encoding="utf-8"))["parts"]
+            filled = set()
+            for part in parts:
+                if Path(part).name != part:
+                    raise ValueError("a part outside the entry")
+                saved = torch.load(self.path / part, mmap=True, weights_only=True)
+                spec, tensors = saved["spec"], saved["tensors"]
+                for slot, description in spec.items():
+                    owner, name = _owner(model, slot)
+                    setattr(owner, name, _rebuild(description, tensors))
+                filled |= set(spec)
+            if filled != set(model.slot_shapes()):
                 raise ValueError("slots differ")
-            for slot, description in spec.items():
-                owner, name = _owner(model, slot)
-                setattr(owner, name, _rebuild(description, tensors))
             model.finish_loading()
-        except Exception:  # any damage: a torn file, a foreign layout; rebuild from the model file
-            _remove(self.path)
+        except Exception:  # any damage: a torn part, a foreign layout; rebuild from the model file
+            _remove_entry(self.path)
             return False
-        self._drop_older()
-        self._name_source()
-        prune(self.folder)
+        self._published()
         return True
+
+
+class EntryWriter:
+    """Writes one entry while a first load builds the model: each layer as a part of its
+    own once its last slot is filled (`assigned`, `fill_weights`' callback), and each other
+    slot (embedding, head, final norm) once filled, the slots then running from that part,
+    mapped, so the build's memory goes back part by part; and at `finish` whatever is not
+    written yet as one more part, then the manifest. Parts are named after their writer,
+    so two loads writing the same entry at once never write one file; the manifest written
+    last wins. A part that cannot be written (a full disk) leaves its
+    layer, and the later ones, in memory: the load goes on, and `finish` says False (that
+    only costs the next load's time)."""
+
+    def __init__(self, cache: WeightCache, model):
+        self.cache, self.model = cache, model
+        self.tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this writer's, in its parts' names
+        self.parts: list[str] = []
+        self.written: set[str] = set()  # slots in a part
+        self.unfilled = {i: set(layer.slot_shapes()) for i, layer in enumerate(model.layers)}
+        self.failed = False
+
+    def assigned(self, slot: str) -> None:
+        if self.failed:
+            return
+        if not slot.startswith("layers."):  # the embedding, the head, the final norm
+            self._write_slot(slot)
+            return
+        _, index, name = slot.split(".", 2)
+        unfilled = self.unfilled.get(int(index))
+        if unfilled is None or name not in unfilled:
+            return
+        unfilled.discard(name)
+        if not unfilled:
+            self._write_layer(int(index))
+
+    def _write_layer(self, index: int) -> None:
+        layer = self.model.layers[index]
+        # Joined first, so the part holds each joined product once and the mapped slots are
+        # views of it (`fuse` joins those again as a view, never as a copy).
+        layer.fuse_products()
+        slots = {f"layers.{index}.{name}": getattr(layer, name) for name in layer.slot_shapes()}
+        written = self._write(f"layer-{index}", slots)
+        if written is None:
+            self.failed = True
+            return
+        spec, tensors = written
+        for slot, description in spec.items():
+            setattr(layer, slot.split(".", 2)[2], _rebuild(description, tensors))
+        layer.fuse_products()  # on the mapped views: lets the built tensors go
+        release_freed_memory()  # which the C heap would keep otherwise (see `app.heap`)
+
+    def _write_slot(self, slot: str) -> None:
+        written = self._write(slot, {slot: getattr(self.model, slot)})
+        if written is None:
+            self.failed = True
+            return
+        spec, tensors = written
+        setattr(self.model, slot, _rebuild(spec[slot], tensors))
+        release_freed_memory()
+
+    def _write(self, name: str, slots: dict) -> tuple[dict, dict] | None:
+        """Save `slots` as a part -> (their descriptions, the part's tensors mapped), or
+        None when it could not be written."""
+        tensors: dict[str, torch.Tensor] = {}
+        spec = {slot: _describe(value, slot, tensors) for slot, value in slots.items()}
+        path = self.cache.path / f"{name}.{self.tag}.pt"
+        try:
+            self.cache.path.mkdir(parents=True, exist_ok=True)
+            torch.save({"spec": spec, "tensors": tensors}, path)
+            mapped = torch.load(path, mmap=True, weights_only=True)["tensors"]
+        except (OSError, RuntimeError):  # a full disk, a read-only folder, a torn write
+            _remove(path)
+            return None
+        self.parts.append(path.name)
+        self.written |= set(slots)
+        return spec, mapped
+
+    def finish(self) -> bool:
+        """Write the remaining slots and the manifest; False (this writer's parts deleted)
+        when the entry could not be completed."""
+        model = self.model
+        rest = {slot: model._slot_value(slot) for slot in model.slot_shapes() if slot not in self.written}
+        manifest = self.cache.path / MANIFEST
+        tmp = manifest.with_name(f"{MANIFEST}.{self.tag}.tmp")
+        try:
+            if rest and self._write("rest", rest) is None:
+                raise OSError("a part could not be written")
+            tmp.write_text(json.dumps({"parts": self.parts}), encoding="utf-8")
+            os.replace(tmp, manifest)
+        except OSError:
+            _remove(tmp)
+            self.abandon()
+            return False
+        self._drop_strays()
+        self.cache._published()
+        return True
+
+    def abandon(self) -> None:
+        """Delete this writer's parts: the build failed (a damaged model file, a cancelled
+        load) or the entry could not be completed. (A part Windows keeps, because the
+        half-built model still maps it, goes as a stray at a later load.)"""
+        for part in self.parts:
+            _remove(self.cache.path / part)
+        self.parts = []
+        with contextlib.suppress(OSError):
+            self.cache.path.rmdir()  # (only when nothing else is in it)
+
+    def _drop_strays(self) -> None:
+        """Delete old files of this entry's folder that its manifest does not name."""
+        keep = set(self.parts) | {MANIFEST}
+        cutoff = time.time() - STRAY_PART_MAX_AGE_S
+        with contextlib.suppress(OSError):
+            for path in self.cache.path.iterdir():
+                if path.name not in keep and path.stat().st_mtime < cutoff:
+                    _remove(path)
 
 
 def _remove(path: Path) -> None:
@@ -132,6 +261,19 @@ def _remove(path: Path) -> None:
     Windows keeps because it is mapped, stays); the cache never fails a load for it."""
     with contextlib.suppress(OSError):
         path.unlink(missing_ok=True)
+
+
+def _remove_entry(path: Path) -> None:
+    """Delete an entry: a folder of parts, or one file (the layout before version 8). A
+    part Windows keeps, because it is mapped, stays, and its folder with it."""
+    if path.is_dir():
+        with contextlib.suppress(OSError):
+            for part in path.iterdir():
+                _remove(part)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    else:
+        _remove(path)
 
 
 def prune(folder: Path) -> None:
@@ -148,13 +290,13 @@ def prune(folder: Path) -> None:
             except (OSError, UnicodeDecodeError):
                 continue
             if model and not Path(model).exists():
-                for entry in folder.glob(f"{prefix}-*.pt"):
-                    entry.unlink(missing_ok=True)
+                for entry in folder.glob(f"{prefix}-*"):
+                    _remove_entry(entry)
                 source.unlink(missing_ok=True)
         cutoff = time.time() - UNNAMED_ENTRY_MAX_AGE_S
-        for entry in folder.glob("*.pt"):
+        for entry in folder.glob("*-*"):
             if entry.name.split("-", 1)[0] not in named and entry.stat().st_mtime < cutoff:
-                entry.unlink(missing_ok=True)
+                _remove_entry(entry)
     except OSError:
         pass
 

@@ -9,7 +9,7 @@ files (read with the `safetensors` library, sharded or not).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -111,8 +111,10 @@ def read_json(path: Path) -> dict:
     return value
 
 
-def fill_weights(model, refs: Iterable[TensorRef], source) -> None:
-    """Read every referenced tensor once (fused tensors feed several slots) and assign it."""
+def fill_weights(model, refs: Iterable[TensorRef], source,
+                 assigned: Callable[[str], None] | None = None) -> None:
+    """Read every referenced tensor once (fused tensors feed several slots) and assign it;
+    `assigned(slot)` is told after each slot is filled (the weight cache's `Spill`)."""
     cached_name, cached = None, None
     for ref in refs:
         if ref.name != cached_name:
@@ -129,4 +131,6 @@ def fill_weights(model, refs: Iterable[TensorRef], source) -> None:
         if ref.add_one:
             tensor = tensor + 1.0
         model.assign(ref.slot, tensor)
+        if assigned is not None:
+            assigned(ref.slot)
     model.finish_loading()

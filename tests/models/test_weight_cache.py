@@ -15,6 +15,11 @@ INT4 = WeightFormat(torch.float16, False, torch.bfloat16, True, torch.bfloat16, 
 IDS = torch.tensor([[2, 818, 5279, 529, 7001, 563]])
 
 
+def _entries(cache: Path) -> list[Path]:
+    """The cache's entries: a folder of parts each."""
+    return sorted(p for p in cache.iterdir() if p.is_dir())
+
+
 def _load(path, cache_dir):
     return load_model(path, torch.device("cpu"), torch.float16, torch.float32, torch.bfloat16,
                       int4=INT4, weight_cache_dir=cache_dir)
@@ -32,8 +37,13 @@ def _logits(loaded) -> torch.Tensor:
 def test_a_cached_model_equals_a_fresh_one_and_damage_rebuilds(embedded_model_path, tmp_path):
     cache = tmp_path / "weights"
     fresh = _load(embedded_model_path, cache)
-    entries = list(cache.glob("*.pt"))
+    entries = _entries(cache)
     assert len(entries) == 1
+    # A part a layer and one for each other slot (embedding, final norm, untied head).
+    names = {f"layer-{i}" for i in range(len(fresh.model.layers))} | {
+        slot for slot in fresh.model.slot_shapes() if not slot.startswith("layers.")}
+    parts = sorted(entries[0].glob("*.pt"))
+    assert {p.name.split(".")[0] for p in parts} == names and len(parts) == len(names)
     expected = _logits(fresh)
     del fresh
 
@@ -46,10 +56,12 @@ def test_a_cached_model_equals_a_fresh_one_and_damage_rebuilds(embedded_model_pa
     assert torch.equal(_logits(cached), expected)
     del cached
 
-    entries[0].write_bytes(b"PK\x03\x04 torn")
+    parts[0].write_bytes(b"PK\x03\x04 torn")
     rebuilt = _load(embedded_model_path, cache)
     assert torch.equal(_logits(rebuilt), expected)
-    assert len(list(cache.glob("*.pt"))) == 1 and entries[0].stat().st_size > 1000  # rewritten
+    assert _entries(cache) == entries  # rewritten
+    parts = sorted(entries[0].glob("*.pt"))
+    assert len(parts) == len(names) and all(p.stat().st_size > 1000 for p in parts)
 
 
 def _mapped_from(path) -> list[tuple[int, int]]:
@@ -70,14 +82,108 @@ def test_the_first_load_runs_on_the_saved_file_too(embedded_model_path, tmp_path
     as later loads do, not on the tensors it built (which would stay resident beside it)."""
     cache = tmp_path / "weights"
     first = _load(embedded_model_path, cache)
-    entry, = cache.glob("*.pt")
-    ranges = _mapped_from(entry.resolve())
+    entry, = _entries(cache)
+    ranges = [r for part in entry.glob("*.pt") for r in _mapped_from(part.resolve())]
     assert ranges
     weights = [first.model.layers[0].o.codes.packed, first.model.layers[-1].down.codes.packed,
                first.model.output_norm]
     for tensor in weights:
         address = tensor.data_ptr()
         assert any(start <= address < end for start, end in ranges)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_first_load_runs_each_layer_from_its_part_as_soon_as_it_is_built(
+        embedded_model_path, tmp_path, monkeypatch):
+    """The build does not hold the whole model in memory: once a layer is written, it runs
+    from its part, mapped, while the later layers are built."""
+    from app.models.weight_cache import EntryWriter
+
+    seen = []
+    write_layer = EntryWriter._write_layer
+
+    def checked(self, index):
+        write_layer(self, index)
+        layer = self.model.layers[index]
+        part, = self.cache.path.glob(f"layer-{index}.*.pt")
+        ranges = _mapped_from(part.resolve())
+        seen.append(index)
+        for tensor in (layer.o.codes.packed, layer.qkv.codes.packed, layer.gate_up.codes.packed,
+                       layer.attn_norm):
+            assert any(start <= tensor.data_ptr() < end for start, end in ranges)
+
+    monkeypatch.setattr(EntryWriter, "_write_layer", checked)
+    loaded = _load(embedded_model_path, tmp_path / "weights")
+    assert seen == list(range(len(loaded.model.layers)))
+
+
+@pytest.mark.slow
+def test_a_failed_build_leaves_no_parts_behind(embedded_model_path, tmp_path):
+    """A load that stops part-way (a damaged tensor late in the file, a cancelled load)
+    deletes the parts it wrote: nothing half-written stays in the data folder."""
+    cache = tmp_path / "weights"
+
+    def stop_late(fraction):
+        if fraction > 0.8:
+            raise RuntimeError("cancelled")
+
+    with pytest.raises(RuntimeError, match="cancelled"):
+        load_model(embedded_model_path, torch.device("cpu"), torch.float16, torch.float32,
+                   torch.bfloat16, progress=stop_late, int4=INT4, weight_cache_dir=cache)
+    assert not list(cache.rglob("*.pt")) and _entries(cache) == []
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_while_writing_parts_loses_nothing_but_the_entry(
+        embedded_model_path, tmp_path, monkeypatch):
+    """A full disk part-way through: the layers not written stay in memory, the model runs
+    as it would from the entry, no entry is published and no part is left behind."""
+    import errno
+
+    import app.models.weight_cache as weight_cache
+
+    expected = _logits(_load(embedded_model_path, tmp_path / "reference"))
+    save, calls = torch.save, []
+
+    def fills_up(obj, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(weight_cache.torch, "save", fills_up)
+    cache = tmp_path / "weights"
+    loaded = _load(embedded_model_path, cache)
+    assert torch.equal(_logits(loaded), expected)
+    assert not list(cache.rglob("*.pt")) and not list(cache.rglob("entry.json"))
+
+
+@pytest.mark.slow
+def test_an_entry_without_its_manifest_is_rebuilt_not_read(embedded_model_path, tmp_path):
+    """The manifest is written last: a folder without one (a load that crashed while
+    writing) is never read, and the next load completes it."""
+    cache = tmp_path / "weights"
+    expected = _logits(_load(embedded_model_path, cache))
+    entry, = _entries(cache)
+    (entry / "entry.json").unlink()
+    import os
+    import time
+
+    from app.models.weight_cache import STRAY_PART_MAX_AGE_S
+
+    old_stray, new_stray = entry / "layer-0.999999.pt", entry / "layer-1.999998.pt"
+    for stray in (old_stray, new_stray):  # a crashed load's part, and one another process is writing
+        stray.write_bytes(b"x")
+    long_ago = time.time() - STRAY_PART_MAX_AGE_S - 60
+    os.utime(old_stray, (long_ago, long_ago))
+    seen = []
+    loaded = load_model(embedded_model_path, torch.device("cpu"), torch.float16, torch.float32,
+                        torch.bfloat16, progress=seen.append, int4=INT4, weight_cache_dir=cache)
+    assert len(seen) > 1  # built again, not restored in one step
+    assert torch.equal(_logits(loaded), expected)
+    assert (entry / "entry.json").is_file()
+    assert not old_stray.exists() and new_stray.exists()
 
 
 @pytest.mark.slow
@@ -93,10 +199,10 @@ def test_a_first_load_that_cannot_save_runs_on_what_it_built(embedded_model_path
 def test_another_format_replaces_the_entry(embedded_model_path, tmp_path):
     cache = tmp_path / "weights"
     _load(embedded_model_path, cache)
-    first = set(cache.glob("*.pt"))
+    first = set(_entries(cache))
     load_model(embedded_model_path, torch.device("cpu"), torch.bfloat16, torch.float32,
                weight_cache_dir=cache)
-    second = set(cache.glob("*.pt"))
+    second = set(_entries(cache))
     assert len(second) == 1 and second != first  # one entry per model file: the newest
 
 
@@ -109,22 +215,22 @@ def test_an_old_entry_that_cannot_be_deleted_does_not_fail_the_load(embedded_mod
 
     cache = tmp_path / "weights"
     _load(embedded_model_path, cache)
-    mapped, = cache.glob("*.pt")
+    mapped, = _entries(cache)
     unlink = pathlib.Path.unlink
 
     def refuse(self, missing_ok=False):
-        if self == mapped:
+        if self.parent == mapped:
             raise PermissionError(13, "The process cannot access the file", str(self))
         unlink(self, missing_ok=missing_ok)
 
     monkeypatch.setattr(pathlib.Path, "unlink", refuse)
     other = load_model(embedded_model_path, torch.device("cpu"), torch.bfloat16, torch.float32,
                        weight_cache_dir=cache)
-    assert other.model is not None and len(list(cache.glob("*.pt"))) == 2
+    assert other.model is not None and len(_entries(cache)) == 2
     monkeypatch.undo()  # the next load, with the old entry no longer mapped, deletes it
     load_model(embedded_model_path, torch.device("cpu"), torch.bfloat16, torch.float32,
                weight_cache_dir=cache)
-    assert not mapped.exists() and len(list(cache.glob("*.pt"))) == 1
+    assert not mapped.exists() and len(_entries(cache)) == 1
 
 
 @pytest.mark.slow
@@ -135,11 +241,11 @@ def test_the_entry_of_a_model_file_that_is_gone_is_deleted(embedded_model_path, 
     copy = tmp_path / "copy.gguf"
     shutil.copyfile(embedded_model_path, copy)
     _load(copy, cache)
-    (entry,) = cache.glob("*.pt")
+    (entry,) = _entries(cache)
     copy.unlink()  # the person deleted that model
     _load(embedded_model_path, cache)
     assert not entry.exists()
-    assert len(list(cache.glob("*.pt"))) == 1 and len(list(cache.glob("*.source"))) == 1
+    assert len(_entries(cache)) == 1 and len(list(cache.glob("*.source"))) == 1
 
 
 def test_pruning_keeps_the_entries_of_models_that_exist(tmp_path):
@@ -159,7 +265,10 @@ def test_pruning_keeps_the_entries_of_models_that_exist(tmp_path):
     old.write_bytes(b"x")
     long_ago = time.time() - UNNAMED_ENTRY_MAX_AGE_S - 60
     os.utime(old, (long_ago, long_ago))
+    for entry in ("aaaa-2", "bbbb-2"):  # entries as folders of parts
+        (tmp_path / entry).mkdir()
+        (tmp_path / entry / "layer-0.1.pt").write_bytes(b"x")
     prune(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "aaaa-1.pt", "aaaa.source", "cccc-1.pt", "here.gguf"]
+        "aaaa-1.pt", "aaaa-2", "aaaa.source", "cccc-1.pt", "here.gguf"]
     prune(tmp_path / "no such folder")  # housekeeping never raises

@@ -236,7 +236,8 @@ def prepare(layer) -> DecodeArgs | None:
     qkv, o, gate_up, down = layer.qkv, layer.o, layer.gate_up, layer.down
     products = (qkv, o, gate_up, down)
     if not all(isinstance(p, QuantizedWeight) and p.exact_top == 0 and p.device.type == "cpu"
-               and p.codes.scale_zeros.dtype == p.act_dtype for p in products):
+               and p.codes.scale_zeros.dtype == p.act_dtype and p.codes.scale_zeros.is_contiguous()
+               for p in products):
         return None
     of = layer._qkv_of
     if not (of and of[0] is layer.q and of[1] is layer.k and of[2] is layer.v and layer.v is not None

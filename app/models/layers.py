@@ -291,7 +291,7 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
     activations. Parts that already lie side by side in one storage (a weight cache saved
     after fusing) are joined as a view, never copied again. 4-bit planes join row-wise: the
     kernel's packing is per 64-row tile (as `pack_raw` relies on), so every part must have
-    a multiple of 64 rows; their scales are held twice (see below)."""
+    a multiple of 64 rows."""
     first = weights[0]
     if isinstance(first, torch.Tensor):
         if not all(isinstance(w, torch.Tensor) and w.dtype == first.dtype and w.dim() == 2
@@ -315,15 +315,18 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
             return None
         planes = first.codes.planes
         packed, packed_parts = _join([w.codes.packed for w in weights], 0)
-        # [K/32, N, 2]: the kernel reads a part's scales densely, so each part keeps its
-        # own (they are an eighth of the codes' bytes) and the joined ones are a copy.
-        sz = torch.cat([w.codes.scale_zeros for w in weights], 1)
+        # Scales [K/32, N, 2] join along N, so a part's are a slice of the joined ones, not
+        # dense: a joined layer never multiplies by its parts, and `int4_linear` gives the
+        # kernel a dense copy where one does. Held once, they are mapped from the weight
+        # cache like the codes (an eighth of the codes' bytes; ~570 MB of an 8B model's
+        # layers copied at every load when each part kept its own).
+        sz, sz_parts = _join([w.codes.scale_zeros for w in weights], 1)
         wide, wide_parts = (None, [None] * len(weights)) if first.wide is None else \
             _join([w.wide for w in weights], 0)
         out = sum(w.out_features for w in weights)
         fused = QuantizedWeight(Int4Codes(packed, sz, planes), out, first.in_features,
                                 first.act_dtype, wide=wide, narrow_rows_max=first.narrow_rows_max)
-        parts = [QuantizedWeight(Int4Codes(p, w.codes.scale_zeros, planes), w.out_features,
+        parts = [QuantizedWeight(Int4Codes(p, sz_parts[j], planes), w.out_features,
                                  w.in_features, w.act_dtype, wide=wide_parts[j],
                                  narrow_rows_max=w.narrow_rows_max)
                  for j, (p, w) in enumerate(zip(packed_parts, weights))]

@@ -445,7 +445,10 @@ def int4_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False) -> 
     codes = w.codes
     if codes.planes > 1:  # planes side by side: [x | x] meets them in one product
         a = torch.cat((a,) * codes.planes, dim=-1)
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, codes.packed, INT4_GROUP, codes.scale_zeros)
+    scale_zeros = codes.scale_zeros
+    if not scale_zeros.is_contiguous():  # a joined product's part (`layers.fuse`): the kernel
+        scale_zeros = scale_zeros.contiguous()  # reads scales densely, strides or not
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, codes.packed, INT4_GROUP, scale_zeros)
     if w.exact_top:
         out = _rescored(flat, out, w)
     if not promotes and out.dtype != x.dtype:

@@ -66,8 +66,14 @@ def test_joined_4bit_planes_multiply_like_the_parts(form):
     x = torch.randn(1, IN)
     expected = torch.cat([linear(x, w, False) for w in ws], dim=-1)
     assert torch.equal(linear(x, joined, False), expected)
-    for part, w in zip(parts, ws):
+    for part, w in zip(parts, ws):  # a part alone: its scales, a slice of the joined ones
         assert torch.equal(linear(x, part, False), linear(x, w, False))
+        assert _same_memory(part.codes.scale_zeros, joined.codes.scale_zeros)
+        assert torch.equal(part.codes.scale_zeros, w.codes.scale_zeros)
+    again, _ = fuse(parts, False)  # what a weight cache restores: nothing is copied
+    assert again.codes.packed.data_ptr() == joined.codes.packed.data_ptr()
+    assert again.codes.scale_zeros.data_ptr() == joined.codes.scale_zeros.data_ptr()
+    assert torch.equal(linear(x, again, False), expected)
 
 
 def test_weights_of_different_kinds_stay_apart():

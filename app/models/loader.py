@@ -167,7 +167,9 @@ def _build(family, cfg: DecoderConfig, refs, source, fmt: WeightFormat,
     if progress is not None:
         refs = _reporting(refs, progress)
     fill_weights(model, refs, source, writer.assigned if writer is not None else None)
-    return model
+    if writer is not None:
+        writer.drain()  # every part mapped back before the layers are joined for good
+    return model.finish_loading()
 
 
 def _reporting(refs, progress: ProgressFn):

@@ -114,7 +114,8 @@ def read_json(path: Path) -> dict:
 def fill_weights(model, refs: Iterable[TensorRef], source,
                  assigned: Callable[[str], None] | None = None) -> None:
     """Read every referenced tensor once (fused tensors feed several slots) and assign it;
-    `assigned(slot)` is told after each slot is filled (the weight cache's `Spill`)."""
+    `assigned(slot)` is told after each slot is filled (the weight cache's `EntryWriter`).
+    The caller then finishes the model (`finish_loading`)."""
     cached_name, cached = None, None
     for ref in refs:
         if ref.name != cached_name:
@@ -133,4 +134,3 @@ def fill_weights(model, refs: Iterable[TensorRef], source,
         model.assign(ref.slot, tensor)
         if assigned is not None:
             assigned(ref.slot)
-    model.finish_loading()

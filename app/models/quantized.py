@@ -280,12 +280,59 @@ class QuantizedWeight:
         return raw.dequantize(ids.device)
 
 
+# The rows the kernel's packing interleaves on this machine (`_packing_rows`): unknown until
+# probed, then a row count, or 0 where no plain interleaving matches.
+_packing_rows_found: int | None = None
+
+
+def _packing_rows() -> int:
+    """How the 4-bit kernel's packing lays codes out here, found once by packing a small
+    matrix with torch's packing and comparing: its CPU kernels take the weight as tiles of
+    `rows` output rows, byte (tile, k, n) holding row n's code for input k in its low nibble
+    and row n + rows / 2's in its high one (64 rows with torch's AVX-512 kernels, 32 with
+    its AVX2 ones). 0 where neither matches (the portable kernel's own layout)."""
+    global _packing_rows_found
+    if _packing_rows_found is None:
+        _packing_rows_found = 0
+        if int4_kernel_available():
+            codes = torch.randint(0, 16, (128, 2 * INT4_GROUP), dtype=torch.uint8,
+                                  generator=torch.Generator().manual_seed(0))
+            try:
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                    codes.to(torch.int32), _INNER_K_TILES)
+                for rows in (64, 32):
+                    if torch.equal(packed.view(torch.uint8), _interleaved(codes, rows)):
+                        _packing_rows_found = rows
+                        break
+            except Exception:  # noqa: BLE001 - any failure: torch's packing does it all
+                pass
+    return _packing_rows_found
+
+
+def _interleaved(codes: torch.Tensor, rows: int) -> torch.Tensor:
+    """codes uint8 [N, K] in 0..15 -> uint8 [N, K / 2] laid out as `_packing_rows` says."""
+    N, K = codes.shape
+    tiles = codes.view(N // rows, 2, rows // 2, K)
+    return (tiles[:, 0] | (tiles[:, 1] << 4)).transpose(1, 2).contiguous().view(N, K // 2)
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [N, K] in 0..15 -> the 4-bit kernel's packed weight. In uint8 where this
+    machine's packing is known, as torch's packing makes it byte for byte (the probe): that
+    packing takes the codes as int32, four bytes a code, and took ~2.6 s of a 1.8 GB model's
+    ~12 s first load in conversions alone (38 against 9 ms for an 8192 x 3072 weight)."""
+    rows = _packing_rows()
+    if rows and codes.shape[0] % rows == 0:
+        return _interleaved(codes, rows)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), _INNER_K_TILES)
+
+
 def _pack(planes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], dtype: torch.dtype
           ) -> Int4Codes:
     """Planes (codes uint8 [N, K] in 0..15, scale and zero float32 [N, K / 32]) side by side."""
     codes, scale, zero = (torch.cat(parts, 1) if len(planes) > 1 else parts[0]
                           for parts in zip(*planes))
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), _INNER_K_TILES)
+    packed = pack_codes(codes)
     scale_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(dtype).contiguous()  # [K/32, N, 2]
     return Int4Codes(packed, scale_zeros, len(planes))
 

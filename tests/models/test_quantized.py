@@ -63,6 +63,20 @@ def kernel_weight(qw: QuantizedWeight) -> torch.Tensor:
 BLOCK_TYPES = sorted(INT4_TYPES, key=lambda t: t.name)
 
 
+@pytest.mark.parametrize("shape", [(64, 32), (192, 96), (3072, 576), (96, 64)])
+def test_codes_are_packed_as_torchs_packing_packs_them(shape):
+    """`pack_codes` lays the codes out itself where it found how this machine's kernel
+    takes them (AVX-512: tiles of 64 rows, AVX2: 32), else leaves it to torch: either way
+    the same bytes as torch's packing of the codes as int32."""
+    from app.models.quantized import _INNER_K_TILES, pack_codes
+
+    codes = torch.randint(0, 16, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), _INNER_K_TILES)
+    got = pack_codes(codes)
+    assert got.dtype == expected.dtype and got.shape == expected.shape and got.is_contiguous()
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)
 def test_the_4_bit_form_equals_the_float32_dequantization_exactly(t):
     raw = random_blocks(t, seed=1)

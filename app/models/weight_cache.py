@@ -93,11 +93,23 @@ class WeightCache:
         slot as the build fills it, it saves the model part by part (`EntryWriter`)."""
         return EntryWriter(self, model)
 
-    def _published(self) -> None:
-        """After an entry was written or read: older entries for the same model file go."""
+    def _published(self, parts: list[str]) -> None:
+        """After the entry (of `parts`) was written or read: old files in its folder that
+        it does not name, and older entries for the same model file, go."""
+        self._drop_strays(parts)
         self._drop_older()
         self._name_source()
         prune(self.folder)
+
+    def _drop_strays(self, parts: list[str]) -> None:
+        """Delete the files of this entry's folder that its manifest does not name, once
+        `STRAY_PART_MAX_AGE_S` old (a part a load left when it was killed while writing)."""
+        keep = set(parts) | {MANIFEST}
+        cutoff = time.time() - STRAY_PART_MAX_AGE_S
+        with contextlib.suppress(OSError):
+            for path in self.path.iterdir():
+                if path.name not in keep and path.stat().st_mtime < cutoff:
+                    _remove(path)
 
     def _drop_older(self) -> None:
         """Delete this model file's other entries (other formats, older layouts). One that
@@ -139,7 +151,7 @@ class WeightCache:
         except Exception:  # any damage: a torn part, a foreign layout; rebuild from the model file
             _remove_entry(self.path)
             return False
-        self._published()
+        self._published(parts)
         return True
 
 
@@ -269,8 +281,7 @@ class EntryWriter:
             _remove(tmp)
             self.abandon()
             return False
-        self._drop_strays()
-        self.cache._published()
+        self.cache._published(self.parts)
         return True
 
     def abandon(self) -> None:
@@ -285,14 +296,6 @@ class EntryWriter:
         with contextlib.suppress(OSError):
             self.cache.path.rmdir()  # (only when nothing else is in it)
 
-    def _drop_strays(self) -> None:
-        """Delete old files of this entry's folder that its manifest does not name."""
-        keep = set(self.parts) | {MANIFEST}
-        cutoff = time.time() - STRAY_PART_MAX_AGE_S
-        with contextlib.suppress(OSError):
-            for path in self.cache.path.iterdir():
-                if path.name not in keep and path.stat().st_mtime < cutoff:
-                    _remove(path)
 
 
 def _remove(path: Path) -> None:

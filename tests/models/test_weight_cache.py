@@ -160,7 +160,7 @@ def test_a_disk_that_fills_while_writing_parts_loses_nothing_but_the_entry(
 
 
 @pytest.mark.slow
-def test_an_entry_without_its_manifest_is_rebuilt_not_read(embedded_model_path, tmp_path):
+def test_an_entry_without_its_manifest_is_rebuilt_not_read_and_strays_go(embedded_model_path, tmp_path):
     """The manifest is written last: a folder without one (a load that crashed while
     writing) is never read, and the next load completes it."""
     cache = tmp_path / "weights"
@@ -184,6 +184,10 @@ def test_an_entry_without_its_manifest_is_rebuilt_not_read(embedded_model_path, 
     assert torch.equal(_logits(loaded), expected)
     assert (entry / "entry.json").is_file()
     assert not old_stray.exists() and new_stray.exists()
+    os.utime(new_stray, (long_ago, long_ago))  # a day on, a load that only reads the entry
+    seen.clear()
+    _load(embedded_model_path, cache)
+    assert not new_stray.exists() and (entry / "entry.json").is_file()
 
 
 @pytest.mark.slow

@@ -32,11 +32,11 @@ def _f16_bytes(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float16).view(torch.int16).view(torch.uint8).reshape(-1, 2)
 
 
-def random_blocks(t: T, seed: int) -> RawTensor:
+def random_blocks(t: T, seed: int, rows: int = N) -> RawTensor:
     """Random block bits with sane float16 scales (d, and dmin or m where the type has one)."""
     gen = torch.Generator().manual_seed(seed)
     block, size = GGML_QUANT_SIZES[t]
-    n = N * K // block
+    n = rows * K // block
     data = torch.randint(0, 256, (n, size), dtype=torch.uint8, generator=gen)
     scale = lambda: _f16_bytes(torch.rand(n, generator=gen) * 0.02 + 1e-3)  # noqa: E731
     data[:, 0:2] = scale()
@@ -44,7 +44,7 @@ def random_blocks(t: T, seed: int) -> RawTensor:
         data[:, 2:4] = _f16_bytes(torch.randn(n, generator=gen) * 0.1)
     if t in (T.Q4_K, T.Q5_K):
         data[:, 2:4] = scale()
-    return RawTensor(data.reshape(N, -1), t, (N, K))
+    return RawTensor(data.reshape(rows, -1), t, (rows, K))
 
 
 def quantized_blocks(t: T, seed: int) -> RawTensor:
@@ -75,6 +75,26 @@ def test_codes_are_packed_as_torchs_packing_packs_them(shape):
     got = pack_codes(codes)
     assert got.dtype == expected.dtype and got.shape == expected.shape and got.is_contiguous()
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("layout", [64, 32], ids=["AVX-512 tiles", "AVX2 tiles"])
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q4_K], ids=lambda t: t.name)
+def test_one_plane_blocks_pack_straight_from_their_bytes(t, layout, monkeypatch):
+    """`pack_one_plane` takes the codes from the blocks' bytes into the kernel's layout:
+    the same bytes and scales as unpacking them to a code each and packing those."""
+    import app.models.quantized as quantized
+
+    monkeypatch.setattr(quantized, "_packing_rows_found", layout)
+    for rows in (128, 192):
+        raw = random_blocks(t, 11, rows=rows)
+        got = quantized.pack_one_plane(raw, torch.bfloat16)
+        expected = quantized.pack_int4(int4_form(raw), torch.bfloat16)
+        assert got is not None and got.planes == 1
+        assert torch.equal(got.packed, expected.packed)
+        assert torch.equal(got.scale_zeros, expected.scale_zeros)
+    uneven = quantized.pack_one_plane(random_blocks(t, 11, rows=96), torch.bfloat16)
+    assert (uneven is None) == (96 % layout != 0)  # rows that do not fill its tiles: torch packs
+    assert quantized.pack_one_plane(random_blocks(T.Q5_0, 11, rows=128), torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("t", BLOCK_TYPES, ids=lambda t: t.name)

@@ -447,7 +447,7 @@ def run_dtype_comparison(path, device: str, dtypes: list[str], decode_tokens: in
         process_peak = _larger(process_peak, process_peak_rss_mb())
         restarted = restart_peak_rss()
         engine = Engine(loaded, EngineConfig(kv_tokens=max(4096, long_context + decode_tokens + 64)))
-    
+
         def timed_runs(ids: list[int], max_tokens: int, key) -> list[float]:
             runs = []
             for _ in range(max(1, tries)):

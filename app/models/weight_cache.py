@@ -228,24 +228,26 @@ class EntryWriter:
     def _write_layer(self, index: int) -> None:
         layer = self.model.layers[index]
         slots = {f"layers.{index}.{name}": getattr(layer, name) for name in layer.slot_shapes()}
-        written = self._write(f"layer-{index}", slots)
-        if written is None:
-            self.failed = True
-            return
-        spec, tensors = written
-        for slot, description in spec.items():
-            setattr(layer, slot.split(".", 2)[2], _rebuild(description, tensors))
-        layer.fuse_products()  # on the mapped views: lets the built tensors go
-        release_freed_memory()  # which the C heap would keep otherwise (see `app.heap`)
+        if self._write_part(f"layer-{index}", slots):
+            layer.fuse_products()  # on the mapped views: lets the built tensors go
+            release_freed_memory()  # which the C heap would keep otherwise (see `app.heap`)
 
     def _write_slot(self, slot: str) -> None:
-        written = self._write(slot, {slot: getattr(self.model, slot)})
+        if self._write_part(slot, {slot: getattr(self.model, slot)}):
+            release_freed_memory()
+
+    def _write_part(self, name: str, slots: dict) -> bool:
+        """Save `slots` as a part and put them back in the model mapped from it; False (and
+        the writer failed) when it could not be written."""
+        written = self._write(name, slots)
         if written is None:
             self.failed = True
-            return
+            return False
         spec, tensors = written
-        setattr(self.model, slot, _rebuild(spec[slot], tensors))
-        release_freed_memory()
+        for slot, description in spec.items():
+            owner, attribute = _owner(self.model, slot)
+            setattr(owner, attribute, _rebuild(description, tensors))
+        return True
 
     def _write(self, name: str, slots: dict) -> tuple[dict, dict] | None:
         """Save `slots` as a part -> (their descriptions, the part's tensors mapped), or

@@ -426,10 +426,7 @@ def _pack_rows(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:
     if raw.ggml_type in INT4_TYPES:
         direct = pack_one_plane(raw, act_dtype)
         return direct if direct is not None else pack_int4(int4_form(raw), act_dtype)
-    w = raw.dequantize()
-    if not torch.isfinite(w).all():
-        raise ModelError("A quantized weight has NaN or infinite values; the file is damaged.")
-    return residual_planes(w, act_dtype)
+    return residual_planes(raw.dequantize(), act_dtype)  # (quantize_int4 checks the values)
 
 
 def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
@@ -447,16 +444,22 @@ def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
                  act_dtype)
 
 
-def quantize_int4(w: torch.Tensor) -> Int4Form:
+def quantize_int4(w: torch.Tensor, what: str = "A quantized weight") -> Int4Form:
     """A 4-bit form for a float weight (as Q4_1: min/max per group of 32): for an output
     projection's screen, whose top logits are recomputed exactly, for the planes of
     `residual_planes`, and for timing candidate kernels on a model's shapes; never a
-    weight's only form."""
+    weight's only form. Raises ModelError, naming `what`, when w holds NaN or infinities:
+    the groups' minima and maxima carry them (`aminmax` propagates NaN), so checking
+    those is checking every value, at a 32nd of the reads (Gemma 3's 168M-value screen:
+    0.33 s of a ~3.5 s first load checked whole)."""
     N, K = w.shape
     g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
-    lo_v, hi_v = g.amin(-1), g.amax(-1)
+    lo_v, hi_v = torch.aminmax(g, dim=-1)
+    if not (torch.isfinite(lo_v).all() and torch.isfinite(hi_v).all()):
+        raise ModelError(f"{what} contains NaN or infinite values; the file is damaged.")
     s = ((hi_v - lo_v) / 15).clamp_min(1e-8)
-    codes = ((g - lo_v[..., None]) / s[..., None]).round().clamp(0, 15).to(torch.uint8)
+    # in place on one temporary: half the time of a new tensor per operation, the same codes
+    codes = (g - lo_v[..., None]).div_(s[..., None]).round_().clamp_(0, 15).to(torch.uint8)
     return Int4Form(codes.reshape(N, K), None, s, lo_v)
 
 
@@ -479,9 +482,7 @@ def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:
     chunks = []
     for start in range(0, raw.shape[0], PACK_ROWS):
         w = raw.rows(start, min(raw.shape[0], start + PACK_ROWS)).dequantize()
-        if not torch.isfinite(w).all():
-            raise ModelError("The output projection contains NaN or infinite values; the file is damaged.")
-        chunks.append(pack_int4(quantize_int4(w), act_dtype))
+        chunks.append(pack_int4(quantize_int4(w, "The output projection"), act_dtype))
     return _cat_rows(chunks)
 
 

@@ -12,7 +12,7 @@ given two adjustments:
 
 The `ModelProto` is written directly in protobuf wire format (varints, strings and floats are
 all it needs): `sentencepiece_model_pb2` needs the `protobuf` package, which is not one of our
-dependencies. Building and loading it takes about 0.27 s for Gemma 3's 262k-token vocabulary.
+dependencies. Building and loading it takes about 0.15 s for Gemma 3's 262k-token vocabulary.
 
 Decoding does not go through SentencePiece: every id maps to the bytes llama.cpp renders for
 it (normal pieces with '▁' -> ' ', user-defined pieces as stored, byte pieces as their byte,
@@ -91,6 +91,48 @@ def _field_bytes(number: int, value: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(value)) + value
 
 
+def _varint_widths(values: np.ndarray) -> np.ndarray:
+    """Bytes each non-negative value (< 2**35) takes as a protobuf varint."""
+    return 1 + sum((values >= 1 << (7 * k)).astype(np.int64) for k in range(1, 5))
+
+
+def _put_varints(out: np.ndarray, at: np.ndarray, values: np.ndarray, widths: np.ndarray) -> None:
+    """Writes values[i] as a varint of widths[i] bytes at out[at[i]:]."""
+    for k in range(int(widths.max(initial=1))):
+        has = widths > k
+        more = (widths[has] > k + 1).astype(np.int64) << 7
+        out[at[has] + k] = ((values[has] >> (7 * k)) & 0x7F) | more
+
+
+def _pieces_field(pieces: Sequence[str], scores: np.ndarray, types: np.ndarray) -> bytes:
+    """ModelProto's repeated field 1, one SentencePiece message per piece, each
+    `0x0a len(body) | 0x0a len(piece) piece | 0x15 score(f32) | 0x18 type`, laid out with
+    numpy: a loop over Gemma 3's 262,144 pieces took 0.22 s of a 0.6 s warm load, this 0.09."""
+    encoded = [piece.encode("utf-8") for piece in pieces]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    length_widths = _varint_widths(lengths)
+    bodies = lengths + length_widths + 8  # two tags, the f32 score, the tag and byte of the type
+    body_widths = _varint_widths(bodies)
+    records = 1 + body_widths + bodies
+    starts = np.concatenate(([0], np.cumsum(records)[:-1])).astype(np.int64)
+    out = np.empty(int(records.sum()), dtype=np.uint8)
+    out[starts] = 0x0A
+    _put_varints(out, starts + 1, bodies, body_widths)
+    piece_tags = starts + 1 + body_widths
+    out[piece_tags] = 0x0A
+    _put_varints(out, piece_tags + 1, lengths, length_widths)
+    piece_at = piece_tags + 1 + length_widths
+    joined = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    sources = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    out[np.repeat(piece_at - sources, lengths) + np.arange(len(joined))] = joined
+    ends = piece_at + lengths
+    out[ends] = 0x15
+    out[ends[:, None] + np.arange(1, 5)] = scores.astype("<f4").view(np.uint8).reshape(-1, 4)
+    out[ends + 5] = 0x18
+    out[ends + 6] = types.astype(np.uint8)  # token types are 1-6: one-byte varints
+    return out.tobytes()
+
+
 def _serialize_model_proto(
     pieces: Sequence[str],
     scores: np.ndarray,
@@ -98,19 +140,8 @@ def _serialize_model_proto(
     special: dict[str, tuple[int, str]],
 ) -> bytes:
     """A serialized sentencepiece ModelProto (see sentencepiece_model.proto for the numbers)."""
-    score_bytes = scores.astype("<f4").tobytes()
-    type_bytes = [bytes((t,)) for t in types.tolist()]
-    chunks: list[bytes] = []
+    chunks: list[bytes] = [_pieces_field(pieces, scores, types)] if len(pieces) else []
     append = chunks.append
-    # SentencePiece { piece = 1 (string); score = 2 (float); type = 3 (enum) }, as field 1.
-    for i, piece in enumerate(pieces):
-        raw = piece.encode("utf-8")
-        n = len(raw)
-        # tag(piece) len piece | tag(score)=0x15 f32 | tag(type)=0x18 type
-        head = b"\x0a" + (bytes((n,)) if n < 0x80 else _varint(n))
-        body = head + raw + b"\x15" + score_bytes[4 * i : 4 * i + 4] + b"\x18" + type_bytes[i]
-        m = len(body)
-        append(b"\x0a" + (bytes((m,)) if m < 0x80 else _varint(m)) + body)
 
     trainer = [
         _field_varint(3, 2),  # model_type = BPE

@@ -193,6 +193,29 @@ def test_a_damaged_sixteen_group_block_is_refused():
         pack_raw(raw, torch.bfloat16)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [(0, 0), (17, 31), (47, 511), (5, 250)])
+def test_quantize_int4_refuses_any_value_that_is_not_finite(bad, where):
+    # It checks the groups' minima and maxima only: a NaN or an infinity anywhere reaches them.
+    from app.models.errors import ModelError
+    from app.models.quantized import quantize_int4
+
+    w = torch.randn(N, K)
+    w[where] = bad
+    with pytest.raises(ModelError, match="The thing contains NaN or infinite values"):
+        quantize_int4(w, "The thing")
+
+
+def test_a_damaged_output_projection_is_refused_by_its_screen():
+    from app.models.errors import ModelError
+    from app.models.quantized import screen_raw
+
+    raw = quantized_blocks(T.Q8_0, seed=23)
+    raw.data.view(-1, GGML_QUANT_SIZES[T.Q8_0][1])[40, 0:2] = _f16_bytes(torch.tensor([float("nan")]))[0]
+    with pytest.raises(ModelError, match="output projection contains NaN or infinite values"):
+        screen_raw(raw, torch.bfloat16)
+
+
 def test_a_damaged_scale_is_refused():
     raw = random_blocks(T.Q4_0, seed=5)
     raw.data.view(-1, GGML_QUANT_SIZES[T.Q4_0][1])[3, 0:2] = _f16_bytes(torch.tensor([float("nan")]))[0]

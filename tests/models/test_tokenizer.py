@@ -389,3 +389,25 @@ def test_tiny_vocabulary_without_unknown_token(tmp_path):
     with GGUFFile(write_tiny_gguf(tmp_path / "nounk.gguf", with_unknown=False)) as g:
         with pytest.raises(ModelError, match="nounk.gguf.*no unknown token"):
             Tokenizer.from_gguf(g)
+
+
+def _piece_message_by_the_book(piece: str, score: float, kind: int) -> bytes:
+    """One SentencePiece message as field 1 of ModelProto, written field by field."""
+    from app.models.tokenizer import _field_bytes, _field_varint
+
+    body = (_field_bytes(1, piece.encode("utf-8")) + b"\x15" + np.float32(score).tobytes()
+            + _field_varint(3, kind))
+    return _field_bytes(1, body)
+
+
+def test_pieces_field_is_the_protobuf_encoding_of_each_piece():
+    # lengths around each varint width (1, 2 and 3 bytes for the piece and for the message)
+    from app.models.tokenizer import _pieces_field
+
+    rng = random.Random(7)
+    pieces = ["a", "▁the", "é" * 40, "x" * 118, "x" * 119, "x" * 127, "y" * 128, "z" * 16_375,
+              "w" * 16_384, "<0x0A>", "".join(chr(rng.randrange(0x20, 0x2FFF)) for _ in range(300))]
+    scores = np.array([rng.uniform(-1e4, 1e4) for _ in pieces], dtype=np.float32)
+    types = np.array([rng.randrange(1, 7) for _ in pieces], dtype=np.int32)
+    expected = b"".join(_piece_message_by_the_book(p, s, t) for p, s, t in zip(pieces, scores, types))
+    assert _pieces_field(pieces, scores, types) == expected

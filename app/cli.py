@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=defaults.top_k)
     gen.add_argument("--top-p", type=float, default=defaults.top_p)
     gen.add_argument("--min-p", type=float, default=defaults.min_p)
+    gen.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty,
+                     help="above 1 makes tokens already in the prompt or reply less likely "
+                          "(the chat window gives SmolLM2 1.1: without it a 135M model loops)")
     gen.add_argument("--seed", type=int, default=None,
                      help="the sampler's seed: the same seed, prompt and --dtype give the same "
                           "text (with --dtype auto the measured format may change between runs "
@@ -167,6 +170,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                repetition_penalty=args.repetition_penalty,
                                 seed=args.seed, top_logprobs=args.top_logprobs)
     except ValueError as exc:
         raise CliError(str(exc)) from None

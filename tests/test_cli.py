@@ -60,6 +60,19 @@ def test_generate_text_streams_to_stdout_with_bos_and_seed(model_arg):
 
 
 @pytest.mark.slow
+def test_generate_applies_the_repetition_penalty(model_arg):
+    def greedy(penalty: str) -> list[int]:
+        proc = run_app("generate", *model_arg, "--prompt", "The cat sat on the mat. The cat",
+                       "--max-tokens", "24", "--temperature", "0", "--dtype", "int4", "--json",
+                       "--repetition-penalty", penalty)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["completion_ids"]
+
+    plain, penalized = greedy("1"), greedy("3")
+    assert plain != penalized  # a strong penalty moves the greedy path off repeated tokens
+
+
+@pytest.mark.slow
 def test_generate_chat_wraps_the_prompt_in_a_user_turn(model_arg):
     proc = run_app("generate", *model_arg, "--prompt", "Hi", "--chat", "--max-tokens", "2",
                    "--temperature", "0", "--json")
@@ -83,6 +96,7 @@ def test_tokenize_plain_special_and_jsonl(model_arg):
     (["generate", "--prompt-ids", "2,x"], "token ids"),
     (["generate"], "required"),
     (["generate", "--prompt", "x", "--device", "tpu"], "invalid choice"),
+    (["generate", "--prompt", "x", "--repetition-penalty", "0"], "repetition_penalty must be positive"),
 ])
 def test_errors_are_one_clear_line(args, message, tmp_path):
     proc = run_app(*args, data_dir=tmp_path)

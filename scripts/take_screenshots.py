@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,6 +43,13 @@ def main() -> int:
     from app.ui.qt import QtWidgets
 
     data = tempfile.mkdtemp(prefix="ferrox-shots-")
+    try:
+        return _take(args, data, create_main_window, QtWidgets)
+    finally:  # its weight cache alone is ~0.3 GB
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _take(args, data: str, create_main_window, QtWidgets) -> int:
     window = create_main_window(["--data-dir", data])
     app = QtWidgets.QApplication.instance()
     window.resize(1100, 720)

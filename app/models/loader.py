@@ -208,6 +208,7 @@ def _load_gguf(path: Path, device, fmt, compute_dtype, progress, cache_dir: Path
                 if writer is not None:
                     writer.abandon()
                 raise
+            built = model
             if writer is not None and writer.finish():
                 # Run on the saved entry, mapped, as every later load does: what the build
                 # still holds (embedding, head) goes back, and the first session decodes as
@@ -216,6 +217,8 @@ def _load_gguf(path: Path, device, fmt, compute_dtype, progress, cache_dir: Path
                 mapped = TransformerLM(cfg, fmt, compute_dtype)
                 if cache.restore(mapped):
                     model = mapped
+            if model is built:
+                model.own_file_views()
         name = gguf.get("general.name") if isinstance(gguf.get("general.name"), str) else path.stem
     return name, arch.key, model, cfg, tokenizer, template
 

@@ -20,7 +20,7 @@ G = H / Hkv, D head dim, L keys visible to a query, F the MLP width, V the vocab
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from app.models import decode_step
 from app.models.causal_lm import KVFacts, KVView
 from app.models.errors import ModelError
-from app.models.quantized import RawTensor
+from app.models.quantized import QuantizedWeight, RawTensor
 from app.models.layers import (ACTIVATIONS, ROPE_HALF, ROPE_INTERLEAVED, RopeSpec, Weight,
                                WeightFormat, fuse, linear, linear_from, rms_norm, rotate, soft_cap)
 
@@ -440,6 +440,18 @@ class TransformerLM(torch.nn.Module):
         for layer in self.layers:
             layer.fuse_products()
         return self.eval()
+
+    def own_file_views(self) -> None:
+        """Copy the raw blocks the embedding or head keeps (`QuantizedWeight.rows`), which
+        view the model file's memory map after a build: a model that runs on without its
+        saved entry must not depend on the file (rewritten or deleted while the app runs,
+        or kept open on Windows)."""
+        for slot in ("embedding", "head"):
+            value = getattr(self, slot)
+            if isinstance(value, QuantizedWeight) and value.rows is not None:
+                rows = value.rows
+                setattr(self, slot, replace(
+                    value, rows=RawTensor(rows.data.clone(), rows.ggml_type, rows.shape)))
 
     def _slot_value(self, slot: str):
         if slot.startswith("layers."):

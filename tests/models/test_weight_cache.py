@@ -86,7 +86,7 @@ def test_the_first_load_runs_on_the_saved_file_too(embedded_model_path, tmp_path
     ranges = [r for part in entry.glob("*.pt") for r in _mapped_from(part.resolve())]
     assert ranges
     weights = [first.model.layers[0].o.codes.packed, first.model.layers[-1].down.codes.packed,
-               first.model.output_norm]
+               first.model.output_norm, first.model.embedding.rows.data]
     for tensor in weights:
         address = tensor.data_ptr()
         assert any(start <= address < end for start, end in ranges)
@@ -197,6 +197,38 @@ def test_a_first_load_that_cannot_save_runs_on_what_it_built(embedded_model_path
     loaded = _load(embedded_model_path, blocked)
     assert isinstance(loaded.model.layers[0].o, QuantizedWeight)
     assert loaded.model.embedding.rows is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_kind", ["none", "unwritable"])
+def test_a_model_that_runs_without_an_entry_does_not_depend_on_its_file(
+        embedded_model_path, tmp_path, cache_kind):
+    """The build keeps the tied embedding's raw rows as a view of the file (no copy while a
+    saved entry will replace them); a model that runs on what it built copies them, so the
+    file may be rewritten or deleted while it runs."""
+    import shutil
+
+    from app.models.gguf_file import GGUFFile
+
+    model_file = tmp_path / "model.gguf"
+    shutil.copyfile(embedded_model_path, model_file)
+    cache = None
+    if cache_kind == "unwritable":
+        cache = tmp_path / "weights"
+        cache.write_text("a file where the folder would be")
+    loaded = _load(model_file, cache)
+    expected = _logits(loaded)
+    rows = loaded.model.embedding.rows.data
+    if Path("/proc/self/maps").exists():
+        address = rows.data_ptr()
+        assert not any(start <= address < end for start, end in _mapped_from(model_file.resolve()))
+    with GGUFFile(model_file) as gguf:
+        info = gguf.tensors["token_embd.weight"]
+        offset, size = info.offset, info.nbytes
+    with open(model_file, "r+b") as f:  # the bytes the rows came from, zeroed in place
+        f.seek(offset)
+        f.write(bytes(size))
+    assert torch.equal(_logits(loaded), expected)
 
 
 @pytest.mark.slow

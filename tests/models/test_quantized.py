@@ -516,9 +516,10 @@ def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
 
     tall = torch.cat([random_blocks(T.Q8_0, seed=s).data for s in range(8, 12)])[:160]
     raw = RawTensor(tall, T.Q8_0, (160, K))
-    whole = quantized.pack_raw(raw, torch.bfloat16)
+    whole, whole_screen = quantized.pack_raw(raw, torch.bfloat16), quantized.screen_raw(raw, torch.bfloat16)
     monkeypatch.setattr(quantized, "PACK_ROWS", 64)  # the kernel's row tile: 64 + 64 + 32 rows
-    chunked = quantized.pack_raw(raw, torch.bfloat16)
-    assert chunked.planes == whole.planes == 2
-    assert torch.equal(chunked.packed, whole.packed)
-    assert torch.equal(chunked.scale_zeros, whole.scale_zeros)
+    chunked, chunked_screen = quantized.pack_raw(raw, torch.bfloat16), quantized.screen_raw(raw, torch.bfloat16)
+    assert chunked.planes == whole.planes == 2 and chunked_screen.planes == whole_screen.planes == 1
+    for a, b in ((chunked, whole), (chunked_screen, whole_screen)):
+        assert torch.equal(a.packed, b.packed)
+        assert torch.equal(a.scale_zeros, b.scale_zeros)

@@ -122,9 +122,12 @@ def _pieces_field(pieces: Sequence[str], scores: np.ndarray, types: np.ndarray) 
     out[piece_tags] = 0x0A
     _put_varints(out, piece_tags + 1, lengths, length_widths)
     piece_at = piece_tags + 1 + length_widths
-    joined = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-    sources = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    out[np.repeat(piece_at - sources, lengths) + np.arange(len(joined))] = joined
+    # The pieces' bytes, in order, fill the positions between each piece_at and its end: a
+    # byte mask of them (+1 at each start, -1 at each end, summed), not an index per byte.
+    edges = np.zeros(len(out) + 1, dtype=np.int8)
+    edges[piece_at] += 1
+    edges[piece_at + lengths] -= 1
+    out[np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)] = np.frombuffer(b"".join(encoded), np.uint8)
     ends = piece_at + lengths
     out[ends] = 0x15
     out[ends[:, None] + np.arange(1, 5)] = scores.astype("<f4").view(np.uint8).reshape(-1, 4)

@@ -21,6 +21,12 @@ from collections.abc import Callable
 from app.ui.qt import QtGui
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+# GitHub's dialect, with raw HTML shown as the text it is, as chat apps show a model's "<b>".
+# Qt's importer would insert inline HTML as rich text, and inside a list item that loses the
+# list: the next item is no longer listed, with the warning "attempted to insert into a
+# list that no longer exists" (Gemma 3 270M's "* <b>Q4 2022</b>" lists).
+MARKDOWN_FEATURES = (QtGui.QTextDocument.MarkdownFeature.MarkdownDialectGitHub
+                     | QtGui.QTextDocument.MarkdownFeature.MarkdownNoHTML)
 _LIST_ITEM = re.compile(r"^([-+*]|\d{1,9}[.)])(\s|$)")
 
 
@@ -111,13 +117,13 @@ class IncrementalMarkdown:
             return
         start = cursor.position()
         if self.document.isEmpty():  # the first piece: exactly what a full render does
-            self.document.setMarkdown(self._prepare(markdown))
+            self.document.setMarkdown(self._prepare(markdown), MARKDOWN_FEATURES)
             self._style(self.document, 0)
             cursor.movePosition(QtGui.QTextCursor.MoveOperation.End)
             return
         piece = QtGui.QTextDocument()
         piece.setDefaultFont(self.document.defaultFont())
-        piece.setMarkdown(self._prepare(markdown))
+        piece.setMarkdown(self._prepare(markdown), MARKDOWN_FEATURES)
         # insertFragment() merges the piece's first block into the block at the cursor, which
         # keeps its own format: lead the piece with an empty plain block, so each of its real
         # blocks arrives whole, with its format and list. (Splitting at the start moves the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.ui.markdown_render import IncrementalMarkdown, commit_point
+from app.ui.markdown_render import MARKDOWN_FEATURES, IncrementalMarkdown, commit_point
 from app.ui.message_view import style_code, with_line_breaks
 from app.ui.qt import QtGui, QtWidgets
 
@@ -30,7 +30,7 @@ def test_commit_points_are_blank_lines_before_a_new_top_level_block():
 
 def _full(text: str, palette) -> QtGui.QTextDocument:
     document = QtGui.QTextDocument()
-    document.setMarkdown(with_line_breaks(text))
+    document.setMarkdown(with_line_breaks(text), MARKDOWN_FEATURES)
     style_code(document, palette)
     return document
 
@@ -91,3 +91,18 @@ def test_a_changed_beginning_renders_everything_again(palette):
     render.show("One.\n\nTwo.\n\nThree")
     render.show("Other.\n\nText")
     assert document.toPlainText() == "Other.\nText"
+
+
+def test_raw_html_shows_as_text_and_keeps_a_list_whole(palette):
+    # A list whose items hold inline HTML (Gemma 3 270M wrote "* <b>Q4 2022</b>"): rendered
+    # as Qt's importer renders HTML, the second item fell out of the list, with a Qt warning
+    # (which fails this test: qt_log_level_fail).
+    text = "Quarters:\n\n* <b>Q4 2022</b>\n* <b>Q4 2021</b>\n* <i>Q4</i> <br> 2020\n"
+    document = QtGui.QTextDocument()
+    render = IncrementalMarkdown(document, with_line_breaks,
+                                 lambda doc, at: style_code(doc, palette, at))
+    for end in range(1, len(text) + 1):
+        render.show(text[:end])
+    listed = [row for row in _shape(document) if row[4] is not None]
+    assert [row[0] for row in listed] == ["<b>Q4 2022</b>", "<b>Q4 2021</b>", "<i>Q4</i> <br> 2020"]
+    assert [row[5] for row in listed] == [0, 1, 2]  # (0-based) one list, in order

@@ -32,7 +32,8 @@ from app.engine.kv_disk import open_store
 from app.engine.runner import EngineRunner, Listener
 from app.engine.sampling import SamplingParams
 from app.models import decode_step
-from app.models.chat_template import Message, encode_chat
+from app.models.chat_template import ContinuationTemplate, Message, encode_chat
+from app.models.embedded import continues_text
 from app.openmp import run_on_passing_thread
 
 
@@ -49,6 +50,15 @@ class ModelInfo:
     policy_label: str = ""
     policy_reason: str = ""
     decode_step: str = ""  # how decode passes run: "TorchScript", "Python", ... (decode_step.mode)
+
+
+CONTINUATION = ContinuationTemplate()
+
+
+def _chat_template(loaded):
+    """How the chat window writes a conversation for `loaded`: its own template, or as one
+    text for a built-in base model (`embedded.continues_text`)."""
+    return CONTINUATION if continues_text(loaded.path) else loaded.template
 
 
 class NoModelError(RuntimeError):
@@ -179,14 +189,14 @@ class ModelSession:
 
     def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
         loaded, _ = self._require()
-        return encode_chat(loaded.tokenizer, loaded.template, messages)
+        return encode_chat(loaded.tokenizer, _chat_template(loaded), messages)
 
     def continuation_prompt(self, messages: Sequence[Message], partial_reply: str) -> list[int]:
         """The prompt that carries on `partial_reply`, the start of the assistant turn after
         `messages`: the chat prompt, then the partial text with no end of turn, so the model
         continues the same reply and the cache adopts the KV it already has for it."""
         loaded, _ = self._require()
-        return (encode_chat(loaded.tokenizer, loaded.template, messages)
+        return (encode_chat(loaded.tokenizer, _chat_template(loaded), messages)
                 + loaded.tokenizer.encode(partial_reply, special=True))
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams, on_event: Listener,

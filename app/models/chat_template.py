@@ -120,6 +120,30 @@ class GemmaTemplate:
         return {end} if end is not None else set()
 
 
+class ContinuationTemplate:
+    """A conversation as one text, for a base model, which continues text instead of
+    answering turns: the system text (then a blank line) and every message's text in order,
+    as written, with no markers, so the reply carries on where the last message ends. The
+    chat window uses it for the built-in base models (`embedded.continues_text`); the API
+    server and `generate --chat` keep the file's own template, as llama.cpp does."""
+
+    name = "continuation"
+    bos_token = ""
+    supports_tools = False
+    notice = None
+    stop_strings = ()
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> str:
+        _check_roles(messages, ("system", "user", "assistant"))
+        system = "\n\n".join(m.content or "" for m in messages if m.role == "system")
+        text = "".join(m.content or "" for m in messages if m.role != "system")
+        return f"{system}\n\n{text}" if system else text
+
+    def stop_token_ids(self, tokenizer) -> set[int]:
+        return set()  # (EOS still ends a reply: `LoadedModel.stop_token_ids`)
+
+
 def _tool_call_for_template(call: Mapping[str, Any], object_arguments: bool) -> dict:
     call = dict(call)
     function = dict(call.get("function") or {})

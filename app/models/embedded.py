@@ -113,6 +113,15 @@ BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
 )
 
 DEFAULT_MODEL = next(m for m in BUILTIN_MODELS if m.is_default)
+
+
+def continues_text(path: str | Path) -> bool:
+    """Whether `path` is the file of a built-in base model: the chat window continues its
+    text (`chat_template.ContinuationTemplate`) instead of wrapping messages in turns it was
+    not trained on (Gemma 3 270M answered "The three primary colours are" with
+    "The three primary colours are蓝,黄,绿." in its chat format, " red, yellow and blue." as text)."""
+    name = Path(path).name
+    return any(m.kind == "base" and m.filename == name for m in BUILTIN_MODELS)
 EMBEDDED_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"  # the base model the engine tests are pinned to
 
 

@@ -424,3 +424,17 @@ def test_budgets_leave_room_for_long_conversations():
     many = [Message("user" if i % 2 == 0 else "assistant", f"turn {i} " * 50) for i in range(801)]
     text = _ours("mistralai-Mistral-Nemo-Instruct-2407.jinja").render([Message("system", "S"), *many])
     assert text.count("[INST]") == 401
+
+
+def test_the_continuation_template_writes_the_conversation_as_one_text():
+    from app.models.chat_template import ContinuationTemplate
+
+    t = ContinuationTemplate()
+    turns = [Message("user", "Once upon a time"), Message("assistant", " there was a fox."),
+             Message("user", "\nThe end")]
+    assert t.render(turns) == t.render(turns, add_generation_prompt=False) == \
+        "Once upon a time there was a fox.\nThe end"
+    assert t.render([Message("system", "A story."), Message("user", "Once")]) == "A story.\n\nOnce"
+    assert t.render([]) == "" and t.stop_token_ids(None) == set()
+    with pytest.raises(ValueError, match="role"):
+        t.render([Message("tool", "{}")])

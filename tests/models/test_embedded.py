@@ -78,6 +78,12 @@ def test_the_default_is_the_chat_model_and_gemma_is_labelled_base():
         embedded.builtin_model("nope")
 
 
+def test_only_the_built_in_base_model_continues_text(tmp_path):
+    assert embedded.continues_text(tmp_path / "gemma-3-270m-q4_k_m.gguf")
+    assert not embedded.continues_text(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert not embedded.continues_text(tmp_path / "my-own-model.gguf")
+
+
 def test_smollm2_is_copied_verified_and_its_package_never_imported(tmp_path):
     import sys
 

@@ -81,7 +81,24 @@ def _check_roles(messages: Sequence[Message], allowed: Sequence[str] = ROLES) ->
             raise ValueError(f"Unknown chat role {m.role!r}; expected one of {', '.join(allowed)}.")
 
 
-class GemmaTemplate:
+def _system_text(messages: Sequence[Message]) -> str:
+    """The system messages' text, joined by blank lines, for the built-in formats (which
+    know the system, user and assistant roles only: others are refused)."""
+    _check_roles(messages, ("system", "user", "assistant"))
+    return "\n\n".join(m.content or "" for m in messages if m.role == "system")
+
+
+class _BuiltinFormat:
+    """What the formats written here share: no BOS of their own (`encode_chat` adds it), no
+    tools, no notice, no text stops."""
+
+    bos_token = ""
+    supports_tools = False
+    notice = None
+    stop_strings = ()
+
+
+class GemmaTemplate(_BuiltinFormat):
     """`<start_of_turn>user\\n…<end_of_turn>\\n<start_of_turn>model\\n…`.
 
     Renders valid conversations exactly as Google's Gemma 3 template does (without its BOS,
@@ -91,15 +108,10 @@ class GemmaTemplate:
     """
 
     name = "gemma"
-    bos_token = ""
-    supports_tools = False
-    notice = None
-    stop_strings = ()
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> str:
-        _check_roles(messages, ("system", "user", "assistant"))
-        system = "\n\n".join(m.content or "" for m in messages if m.role == "system")
+        system = _system_text(messages)
         parts = []
         for m in messages:
             if m.role == "system":
@@ -120,7 +132,7 @@ class GemmaTemplate:
         return {end} if end is not None else set()
 
 
-class ContinuationTemplate:
+class ContinuationTemplate(_BuiltinFormat):
     """A conversation as one text, for a base model, which continues text instead of
     answering turns: the system text (then a blank line) and every message's text in order,
     as written, with no markers, so the reply carries on where the last message ends. The
@@ -128,15 +140,10 @@ class ContinuationTemplate:
     server and `generate --chat` keep the file's own template, as llama.cpp does."""
 
     name = "continuation"
-    bos_token = ""
-    supports_tools = False
-    notice = None
-    stop_strings = ()
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> str:
-        _check_roles(messages, ("system", "user", "assistant"))
-        system = "\n\n".join(m.content or "" for m in messages if m.role == "system")
+        system = _system_text(messages)
         text = "".join(m.content or "" for m in messages if m.role != "system")
         return f"{system}\n\n{text}" if system else text
 

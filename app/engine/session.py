@@ -52,13 +52,13 @@ class ModelInfo:
     decode_step: str = ""  # how decode passes run: "TorchScript", "Python", ... (decode_step.mode)
 
 
-CONTINUATION = ContinuationTemplate()
+_CONTINUATION = ContinuationTemplate()
 
 
 def _chat_template(loaded):
     """How the chat window writes a conversation for `loaded`: its own template, or as one
     text for a built-in base model (`embedded.continues_text`)."""
-    return CONTINUATION if continues_text(loaded.path) else loaded.template
+    return _CONTINUATION if continues_text(loaded.path) else loaded.template
 
 
 class NoModelError(RuntimeError):

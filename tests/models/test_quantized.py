@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -523,3 +524,19 @@ def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
     for a, b in ((chunked, whole), (chunked_screen, whole_screen)):
         assert torch.equal(a.packed, b.packed)
         assert torch.equal(a.scale_zeros, b.scale_zeros)
+
+
+def test_candidates_picked_by_block_maxima_are_the_plain_comparisons():
+    from app.models.quantized import _SELECTION_BLOCK, _at_least_by_blocks
+
+    gen = torch.Generator().manual_seed(6)
+    out = torch.randn(5, 64 * _SELECTION_BLOCK, generator=gen)
+    out[1] = 0.5  # every value equal: every block holds candidates
+    out[2, ::7] = -math.inf
+    out[3] = -math.inf  # nothing reaches the threshold
+    out[3, 100] = 1.0
+    least = torch.tensor([[1.5], [0.5], [2.0], [1.0], [math.inf]])  # the last: no candidate
+    rows, ids = _at_least_by_blocks(out, least)
+    want_rows, want_ids = (out >= least).nonzero(as_tuple=True)
+    assert torch.equal(rows, want_rows) and torch.equal(ids, want_ids)
+    assert int((rows == 3).sum()) == 1 and int((rows == 4).sum()) == 0

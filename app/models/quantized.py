@@ -60,6 +60,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from app.models.dequant import (_bits, _f16, _nibbles, _scale_min_k4, dequantize, dequantize_rows,
                                 native_types)
 from app.models.errors import ModelError
+from app.models.load_progress import report_within
 
 T = GGMLQuantizationType
 INT4_GROUP = 32
@@ -416,8 +417,14 @@ def pack_raw(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes | None:
     if not kernel_planes(raw.ggml_type):
         return None
     rows = raw.shape[0]
-    return _cat_rows([_pack_rows(raw.rows(start, min(rows, start + PACK_ROWS)), act_dtype)
-                      for start in range(0, rows, PACK_ROWS)])
+    return _cat_rows([_reported(_pack_rows(raw.rows(start, min(rows, start + PACK_ROWS)), act_dtype),
+                                start, rows) for start in range(0, rows, PACK_ROWS)])
+
+
+def _reported(chunk, start: int, rows: int):
+    """chunk, the rows from `start` of `rows` prepared: the load's progress is told so."""
+    report_within(min(start + PACK_ROWS, rows) / rows)
+    return chunk
 
 
 def _cat_rows(chunks: list[Int4Codes]) -> Int4Codes:
@@ -488,7 +495,8 @@ def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:
     chunks = []
     for start in range(0, raw.shape[0], PACK_ROWS):
         w = raw.rows(start, min(raw.shape[0], start + PACK_ROWS)).dequantize()
-        chunks.append(pack_int4(quantize_int4(w, "The output projection"), act_dtype))
+        chunks.append(_reported(pack_int4(quantize_int4(w, "The output projection"), act_dtype),
+                                start, raw.shape[0]))
     return _cat_rows(chunks)
 
 

@@ -166,9 +166,14 @@ def _build(family, cfg: DecoderConfig, refs, source, fmt: WeightFormat,
            model: TransformerLM | None = None, writer: EntryWriter | None = None) -> TransformerLM:
     model = model if model is not None else TransformerLM(cfg, fmt, compute_dtype)
     refs = list(refs)
+    reporting = None
     if progress is not None:
-        refs = _reporting(refs, [_values(ref, source.shapes) for ref in refs], progress)
-    fill_weights(model, refs, source, writer.assigned if writer is not None else None)
+        reporting = _reporting(refs, [_values(ref, source.shapes) for ref in refs], progress)
+    try:
+        fill_weights(model, reporting or refs, source, writer.assigned if writer is not None else None)
+    finally:
+        if reporting is not None:
+            reporting.close()  # its callback cleared now, in this thread, after an error too
     if writer is not None:
         writer.drain()  # every part mapped back before the layers are joined for good
     return model.finish_loading()

@@ -58,3 +58,24 @@ def test_a_first_load_reports_progress_while_its_embedding_is_prepared(embedded_
         assert len([f for f in seen if 0 < f < 0.5]) >= 16  # inside the embedding: 32 chunks
     finally:
         loaded.unload()
+
+
+def test_a_load_that_fails_leaves_no_callback_behind(embedded_model_path, monkeypatch):
+    """A load that stops part-way (here its progress callback raises) must not leave its
+    callback for the thread's next preparation of a weight to report into."""
+    import app.models.load_progress as load_progress
+    from app.models.layers import WeightFormat
+
+    def cancel(fraction):
+        if fraction > 0.1:
+            raise RuntimeError("cancelled")
+
+    int4 = WeightFormat(torch.float16, False, None, True, torch.bfloat16, None)
+    try:
+        load_model(embedded_model_path, torch.device("cpu"), torch.float16, torch.float32,
+                   torch.bfloat16, progress=cancel, int4=int4)
+    except RuntimeError as error:  # checked while the failed load's frames are still alive
+        assert "cancelled" in str(error)
+        assert load_progress._within.get() is None
+    else:
+        pytest.fail("the load was not cancelled")

@@ -113,6 +113,7 @@ BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
 )
 
 DEFAULT_MODEL = next(m for m in BUILTIN_MODELS if m.is_default)
+EMBEDDED_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"  # the base model the engine tests are pinned to
 
 
 def continues_text(path: str | Path) -> bool:
@@ -122,7 +123,6 @@ def continues_text(path: str | Path) -> bool:
     "The three primary colours are蓝,黄,绿." in its chat format, " red, yellow and blue." as text)."""
     name = Path(path).name
     return any(m.kind == "base" and m.filename == name for m in BUILTIN_MODELS)
-EMBEDDED_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"  # the base model the engine tests are pinned to
 
 
 def builtin_model(key: str) -> BuiltinModel:

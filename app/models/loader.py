@@ -170,7 +170,8 @@ def _build(family, cfg: DecoderConfig, refs, source, fmt: WeightFormat,
     if progress is not None:
         reporting = _reporting(refs, [_values(ref, source.shapes) for ref in refs], progress)
     try:
-        fill_weights(model, reporting or refs, source, writer.assigned if writer is not None else None)
+        fill_weights(model, refs if reporting is None else reporting, source,
+                     writer.assigned if writer is not None else None)
     finally:
         if reporting is not None:
             reporting.close()  # its callback cleared now, in this thread, after an error too

@@ -422,8 +422,11 @@ def pack_raw(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes | None:
 
 
 def _reported(chunk, start: int, rows: int):
-    """chunk, the rows from `start` of `rows` prepared: the load's progress is told so."""
-    report_within(min(start + PACK_ROWS, rows) / rows)
+    """chunk, the rows from `start` of `rows` prepared: the load's progress is told so, for
+    every chunk but the last (the loader reports a tensor's end itself, and most weights are
+    one chunk)."""
+    if start + PACK_ROWS < rows:
+        report_within((start + PACK_ROWS) / rows)
     return chunk
 
 

@@ -35,10 +35,12 @@ import torch
 from app.engine.kernel_policy import TWO_COPIES_MAX_FILE_BYTES
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat
+from app.models import int8_products
 from app.models.quantized import int4_kernel_available
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int4")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int4", "int4_i8")
+_INT4_CHOICES = ("int4", "int4_i8")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Prepared weights, saved once per model file and format (app.models.weight_cache), unless
 # the environment sets FERROX_WEIGHT_CACHE=0.
@@ -88,9 +90,9 @@ def resolve_weights(name: str, device: torch.device, file_bytes: int
     decode and bfloat16 for prefill (`DualWeight`): float16's decode speed with bfloat16's
     prefill speed, for twice the weight memory, for the model files the CPU policy would give
     two copies (`TWO_COPIES_MAX_FILE_BYTES`). Larger models get bfloat16 alone."""
-    if name not in DTYPE_CHOICES or name == "int4":
+    if name not in DTYPE_CHOICES or name in _INT4_CHOICES:
         raise DeviceError(f"Unknown float dtype {name!r}; choose one of "
-                          f"{', '.join(n for n in DTYPE_CHOICES if n != 'int4')}.")
+                          f"{', '.join(n for n in DTYPE_CHOICES if n not in _INT4_CHOICES)}.")
     if name != "auto":
         return _DTYPES[name], None
     if device.type == "cuda":
@@ -168,13 +170,17 @@ def plan_load(path, device: torch.device, dtype: str, measure: bool = True) -> L
         raise DeviceError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}.")
     file_bytes = model_size_bytes(path)
     shapes = shapes_for(Path(path), data_dir()) if device.type == "cpu" else None
-    if dtype == "int4" and (shapes is None or not int4_kernel_available()):
-        raise DeviceError("int4 needs a GGUF model on the CPU with a torch that has the 4-bit "
+    if dtype == "int4_i8" and not int8_products.available():
+        raise DeviceError("int4_i8 needs the 8-bit activation kernel, which cannot run here "
+                          f"({int8_products.unavailable_reason()}); choose another dtype.")
+    if dtype in _INT4_CHOICES and (shapes is None or not int4_kernel_available()):
+        raise DeviceError(f"{dtype} needs a GGUF model on the CPU with a torch that has the 4-bit "
                           "weight-only kernel; choose another dtype.")
-    if dtype == "int4":
-        fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, None)
-        return LoadPlan(torch.float16, None, fmt, "int4",
-                        "int4 chosen by hand (weights that do not fit it: float16)")
+    if dtype in _INT4_CHOICES:
+        fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, None,
+                           int8_acts=dtype == "int4_i8")
+        return LoadPlan(torch.float16, None, fmt, dtype,
+                        f"{dtype} chosen by hand (weights that do not fit it: float16)")
     if dtype != "auto" or shapes is None:
         weight_dtype, wide = resolve_weights(dtype, device, file_bytes)
         label = "+".join(str(d).removeprefix("torch.") for d in (weight_dtype, wide) if d)

@@ -56,8 +56,9 @@ CPU (model name and torch's capability), torch version, thread count and model p
 `kernel_policy.json` in the data folder; entries of another measurement are ignored and
 pruned. A damaged cache file is ignored and rewritten.
 
-Candidates (`KINDS`): float32, bfloat16, float16, and the 4-bit weight-only kernel with
-bfloat16 or float32 activations (`app.models.quantized`). Every one meets the quality bar
+Candidates (`KINDS`): float32, bfloat16, float16, the 4-bit weight-only kernel with
+bfloat16 or float32 activations (`app.models.quantized`), and 4-bit weights multiplied by
+activations quantized to 8 bits (`int4_i8`, `app.models.int8_products`, where it compiled). Every one meets the quality bar
 of a mean negative log-likelihood within 0.5% of the float32 model on a long public text
 (scripts/measure_weight_quality.py reports the figures per format and model); a kind that
 ever fails it belongs in `FAILS_QUALITY` and is never chosen.
@@ -104,9 +105,10 @@ import torch
 
 from app.heap import release_freed_memory
 from app.models.layers import WeightFormat, linear, weights_transposed
-from app.models.quantized import (Int4Codes, Int4Form, QuantizedWeight, int4_kernel_available,
-                                  int4_kernel_runs, kernel_planes, pack_int4, quantize_int4,
-                                  screens)
+from app.models import int8_products
+from app.models.quantized import (Int4Codes, Int4Form, QuantizedWeight, codes_tensors,
+                                  int4_kernel_available, int4_kernel_runs, int8_codes, kernel_planes, pack_int4,
+                                  quantize_int4, screens)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -117,16 +119,22 @@ CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters
 # 5: bfloat16 KV taken for a prefill win too.
 # 6: and for a decode win whose prefill attention costs a chunk at most KV_PREFILL_SHARE more.
 # 7: decode attention per query head as well (`pick_layout`).
-MEASURE_VERSION = 7
+# 8: the 4-bit weights with activations quantized to 8 bits (`int4_i8`) as a candidate.
+MEASURE_VERSION = 8
 # Rows of a timed prefill product: the engine's whole chunk (EngineConfig.prefill_chunk),
 # where kernels part ways most (measured on one AVX-512 core, 2048x640: bfloat16 9.8 -> 19.8
 # ms from 128 to 512 rows, the 4-bit kernel 6.4 -> 62.7 ms). Each distinct shape is timed
 # once per repetition, so this stays well under a second per repetition for small models.
 PREFILL_ROWS = 512
-KINDS = ("float32", "bfloat16", "float16", "int4_bf16", "int4_f32")
+KINDS = ("float32", "bfloat16", "float16", "int4_bf16", "int4_f32", "int4_i8")
 # The 4-bit kernel with float32 activations is a decode candidate only: on CPUs measured so
 # far its many-row product is 100x slower than any other (no vectorized path).
-PREFILL_KINDS = ("float32", "bfloat16", "float16", "int4_bf16")
+PREFILL_KINDS = ("float32", "bfloat16", "float16", "int4_bf16", "int4_i8")
+# The 4-bit kinds' activation dtype for torch's kernel. `int4_i8` multiplies by activations
+# quantized to 8 bits where `app.models.int8_products` takes the weight (its inputs whole
+# pairs of blocks), and by torch's kernel with bfloat16 activations where not.
+_INT4_ACTS = {"int4_bf16": torch.bfloat16, "int4_f32": torch.float32, "int4_i8": torch.bfloat16}
+INT8_KIND = "int4_i8"
 FAILS_QUALITY: frozenset[str] = frozenset()
 # What a candidate must beat, and what runs before anything is measured: float16 weights
 # (one copy; fast matrix-vector kernel on AVX2 and AVX-512 alike; many-row products upcast
@@ -272,13 +280,14 @@ class Policy:
         decode, prefill = self.decode, self.prefill
         two = file_bytes <= TWO_COPIES_MAX_FILE_BYTES
         if decode.startswith("int4"):
-            act = torch.bfloat16 if decode == "int4_bf16" else torch.float32
+            act = _INT4_ACTS[decode]
             float_decode = _best(self.decode_ms, _FLOAT)
             float_prefill = _best(self.prefill_ms, _FLOAT)
             int4_wide = None if prefill.startswith("int4") or not two else _FLOAT[prefill]
             narrow = _FLOAT[float_decode]
             wide = _FLOAT[float_prefill] if two and float_prefill != float_decode else None
-            return (WeightFormat(narrow, weights_transposed(device, narrow), wide, True, act, int4_wide),
+            return (WeightFormat(narrow, weights_transposed(device, narrow), wide, True, act, int4_wide,
+                                 int8_acts=decode == INT8_KIND),
                     wide)
         narrow = _FLOAT[decode]
         if prefill.startswith("int4") or prefill == decode or not two:
@@ -431,11 +440,16 @@ def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
     and whether it is stored transposed."""
     w = torch.randn(n, k, generator=gen) * 0.05
     if kind.startswith("int4"):
-        act = torch.bfloat16 if kind == "int4_bf16" else torch.float32
+        act = _INT4_ACTS[kind]
         form = quantize_int4(w)
-        if planes == 2:  # Q5/Q8/Q6_K blocks: a second plane
+        if planes == 2:  # Q5/Q8/Q6_K blocks: a second plane (as Q8_0's: -8..7, two planes for
+            # the 8-bit activation kernel too, where Q5's would take one)
             form = Int4Form(form.lo, torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8),
                             form.s, form.b)
+        if kind == INT8_KIND and int8_products.fits(k):
+            from gguf.constants import GGMLQuantizationType
+            return QuantizedWeight(int8_codes(form, GGMLQuantizationType.Q8_0), n, k,
+                                   torch.float32), False
         return QuantizedWeight(pack_int4(form, act), n, k, act), False
     dtype = _FLOAT[kind]
     transposed = weights_transposed(torch.device("cpu"), dtype)
@@ -444,14 +458,18 @@ def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
 
 def _nbytes(w) -> int:
     if isinstance(w, QuantizedWeight):
-        return w.codes.packed.nbytes + w.codes.scale_zeros.nbytes
+        return sum(t.nbytes for t in codes_tensors(w.codes))
     return w.nbytes
 
 
 def _copy(w):
     if isinstance(w, QuantizedWeight):
-        return dataclasses.replace(w, codes=Int4Codes(w.codes.packed.clone(),
-                                                      w.codes.scale_zeros.clone(), w.codes.planes))
+        c = w.codes
+        if isinstance(c, Int4Codes):
+            return dataclasses.replace(w, codes=Int4Codes(c.packed.clone(), c.scale_zeros.clone(),
+                                                          c.planes))
+        return dataclasses.replace(w, codes=dataclasses.replace(
+            c, codes=c.codes.clone(), scales=c.scales.clone(), offsets=c.offsets.clone()))
     return w.clone()
 
 
@@ -863,6 +881,8 @@ def _allowed(shapes: ModelShapes) -> list[str]:
     allowed = [k for k in KINDS if k not in FAILS_QUALITY]
     if shapes.int4_fraction == 0 or not int4_kernel_available():
         allowed = [k for k in allowed if not k.startswith("int4")]
+    if not int8_products.available():
+        allowed = [k for k in allowed if k != INT8_KIND]
     return allowed
 
 

@@ -48,20 +48,24 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
+import app.models.int8_products  # noqa: F401 - registers torch.ops.ferrox.int8_matmul, which `_int4` calls
+
 log = logging.getLogger(__name__)
 
 # `DecodeArgs.ints`, by position (TorchScript reads no module globals, so `decode_layer`
 # names them once at its top): H, Hkv, D, the planes of the qkv, o, gate_up and down
 # products, then 0/1 for QK-norm, a norm after attention, a norm after the MLP, tanh-GELU,
-# and the 4-bit kernel's group size.
+# the 4-bit kernel's group size, and the four products' kernels (-1: torch's 4-bit kernel,
+# else the `Int8Codes` layout of `app.models.int8_products`).
 
 
 @dataclass(frozen=True)
 class DecodeArgs:
     """One layer's constant arguments: tensors [attn_norm, qkv packed, qkv scales, o packed,
     o scales, ffn_norm, gate_up packed, gate_up scales, down packed, down scales, RoPE pair
-    swap, qk_norm, post_attn_norm, post_ffn_norm] (an absent norm: an empty tensor, its flag
-    0) and `ints` in the order the comment above gives. `rows_max`: the most rows every product keeps on its
+    swap, qk_norm, post_attn_norm, post_ffn_norm, then the four products' offsets] (an
+    absent norm: an empty tensor, its flag 0; torch's kernel has no offsets: empty too; for
+    `Int8Codes` "packed" are the codes) and `ints` in the order the comment above gives. `rows_max`: the most rows every product keeps on its
     planes."""
 
     tensors: list
@@ -83,11 +87,12 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
     qkv_planes, o_planes, gate_up_planes, down_planes = n[3], n[4], n[5], n[6]
     has_qk_norm, post_attn, post_ffn, gelu = n[7] != 0, n[8] != 0, n[9] != 0, n[10] != 0
     group = n[11]
+    qkv_kernel, o_kernel, gate_up_kernel, down_kernel = n[12], n[13], n[14], n[15]
     N = x.shape[0]
     # ---- attention (DecoderLayer.attention, _qkv, rotate, PagedBatchView.attend, _attend)
     h = F.rms_norm(x, [x.shape[-1]], w[0], eps)
     plain = not has_qk_norm
-    y = _int4(h, w[1], w[2], qkv_planes, group, plain).view(1, N, H + 2 * Hkv, D)
+    y = _int4(h, w[1], w[2], w[14], qkv_planes, qkv_kernel, group, plain).view(1, N, H + 2 * Hkv, D)
     parts = y.split_with_sizes([H + Hkv, Hkv], 2)
     qk, v = parts[0], parts[1]
     if has_qk_norm:  # (y is float32 here: a product that does not promote returns x's dtype)
@@ -123,20 +128,20 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
                                 scale))
         # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
         out = torch.cat(outs).view(N, H * D)
-    h = _int4(out, w[3], w[4], o_planes, group, not post_attn)
+    h = _int4(out, w[3], w[4], w[15], o_planes, o_kernel, group, not post_attn)
     if post_attn:
         h = _widen(h, x.dtype)
         h = F.rms_norm(h, [h.shape[-1]], w[12], eps)
     x = x + h
     # ---- MLP (DecoderLayer.mlp)
     h = F.rms_norm(x, [x.shape[-1]], w[5], eps)
-    gate_up = _int4(h, w[6], w[7], gate_up_planes, group, True).chunk(2, dim=-1)
+    gate_up = _int4(h, w[6], w[7], w[16], gate_up_planes, gate_up_kernel, group, True).chunk(2, dim=-1)
     gate, up = gate_up[0], gate_up[1]
     if gelu:
         gated = F.gelu(gate, approximate="tanh") * up
     else:
         gated = F.silu(gate) * up
-    h = _int4(gated, w[8], w[9], down_planes, group, not post_ffn)
+    h = _int4(gated, w[8], w[9], w[17], down_planes, down_kernel, group, not post_ffn)
     if post_ffn:
         h = _widen(h, x.dtype)
         h = F.rms_norm(h, [h.shape[-1]], w[13], eps)
@@ -196,9 +201,16 @@ def mode(model) -> str:
     return "Python"
 
 
-def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, planes: int,
-          group: int, promotes: bool) -> torch.Tensor:
-    """`quantized.int4_linear` on 2-D x (its scales are in its activation dtype)."""
+def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, offsets: torch.Tensor,
+          planes: int, kernel: int, group: int, promotes: bool) -> torch.Tensor:
+    """`quantized.int4_linear` on 2-D x (its scales are in its activation dtype); `kernel`
+    as `DecodeArgs.ints` says (-1: torch's 4-bit kernel, else an `Int8Codes` layout, whose
+    codes, scales and offsets are `packed`, `scale_zeros` and `offsets`)."""
+    if kernel >= 0:
+        out = torch.ops.ferrox.int8_matmul(x, packed, scale_zeros, offsets, kernel, planes)
+        if not promotes and out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return out
     a = x if x.dtype == scale_zeros.dtype else x.to(scale_zeros.dtype)
     if planes > 1:
         a = torch.cat([a] * planes, dim=-1)
@@ -229,6 +241,7 @@ def _widen(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def prepare(layer) -> DecodeArgs | None:
     """The constant arguments of `layer` (a `DecoderLayer` whose products are joined), or
     None when it is outside this function's scope (the module docstring)."""
+    from app.models.int8_products import Int8Codes
     from app.models.layers import ROPE_HALF, _pair_swap
     from app.models.quantized import INT4_GROUP, QuantizedWeight
 
@@ -236,7 +249,9 @@ def prepare(layer) -> DecodeArgs | None:
     qkv, o, gate_up, down = layer.qkv, layer.o, layer.gate_up, layer.down
     products = (qkv, o, gate_up, down)
     if not all(isinstance(p, QuantizedWeight) and p.exact_top == 0 and p.device.type == "cpu"
-               and p.codes.scale_zeros.dtype == p.act_dtype and p.codes.scale_zeros.is_contiguous()
+               and (isinstance(p.codes, Int8Codes) and p.codes.codes.is_contiguous()
+                    or not isinstance(p.codes, Int8Codes)
+                    and p.codes.scale_zeros.dtype == p.act_dtype and p.codes.scale_zeros.is_contiguous())
                for p in products):
         return None
     of = layer._qkv_of
@@ -265,15 +280,23 @@ def prepare(layer) -> DecodeArgs | None:
     else:  # interleaved pairs (2i, 2i + 1): the order `rotate` gathers by
         swap = _pair_swap(D, qkv.device)
     empty = torch.empty(0)
-    tensors = [layer.attn_norm, qkv.codes.packed, qkv.codes.scale_zeros, o.codes.packed,
-               o.codes.scale_zeros, layer.ffn_norm, gate_up.codes.packed, gate_up.codes.scale_zeros,
-               down.codes.packed, down.codes.scale_zeros, swap,
+
+    def parts(p) -> tuple:  # (packed or codes, scales, offsets or empty, kernel)
+        if isinstance(p.codes, Int8Codes):
+            return p.codes.codes, p.codes.scales, p.codes.offsets, p.codes.layout
+        return p.codes.packed, p.codes.scale_zeros, empty, -1
+
+    qkv_t, o_t, gate_up_t, down_t = (parts(p) for p in products)
+    tensors = [layer.attn_norm, qkv_t[0], qkv_t[1], o_t[0], o_t[1], layer.ffn_norm,
+               gate_up_t[0], gate_up_t[1], down_t[0], down_t[1], swap,
                qk_norm if qk_norm is not None else empty,
                layer.post_attn_norm if layer.post_attn_norm is not None else empty,
-               layer.post_ffn_norm if layer.post_ffn_norm is not None else empty]
+               layer.post_ffn_norm if layer.post_ffn_norm is not None else empty,
+               qkv_t[2], o_t[2], gate_up_t[2], down_t[2]]
     ints = [c.n_heads, c.n_kv_heads, D, qkv.codes.planes, o.codes.planes, gate_up.codes.planes,
             down.codes.planes, int(qk_norm is not None), int(layer.post_attn_norm is not None),
-            int(layer.post_ffn_norm is not None), int(c.activation == "gelu_tanh"), INT4_GROUP]
+            int(layer.post_ffn_norm is not None), int(c.activation == "gelu_tanh"), INT4_GROUP,
+            qkv_t[3], o_t[3], gate_up_t[3], down_t[3]]
     rows_max = min(p.narrow_rows_max if p.wide is not None else 1 << 30 for p in products)
     return DecodeArgs(tensors, ints, c.rms_eps, c.attention_scale, rows_max)
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from app.models.int8_products import Int8Codes
 from app.models.quantized import (Int4Codes, QuantizedWeight, RawTensor, exact_top,
-                                  int4_kernel_available, int4_linear, kernel_planes, pack_raw,
-                                  screen_raw, screens)
+                                  int4_kernel_available, int4_linear, kernel_planes,
+                                  pack_int8_raw, pack_raw, screen_raw, screens)
 
 
 # ---- normalisation -------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
     activations. Parts that already lie side by side in one storage (a weight cache saved
     after fusing) are joined as a view, never copied again. 4-bit planes join row-wise: the
     kernel's packing is per 64-row tile (as `pack_raw` relies on), so every part must have
-    a multiple of 64 rows."""
+    a multiple of 64 rows (`Int8Codes` are row by row: any rows, one layout)."""
     first = weights[0]
     if isinstance(first, torch.Tensor):
         if not all(isinstance(w, torch.Tensor) and w.dtype == first.dtype and w.dim() == 2
@@ -307,31 +308,47 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
         return DualWeight(narrow, wide), [DualWeight(n, w) for n, w in zip(narrow_parts, wide_parts)]
     if isinstance(first, QuantizedWeight):
         same = all(isinstance(w, QuantizedWeight) and w.codes.planes == first.codes.planes
+                   and type(w.codes) is type(first.codes)
+                   and getattr(w.codes, "layout", None) == getattr(first.codes, "layout", None)
                    and w.act_dtype == first.act_dtype and w.in_features == first.in_features
                    and w.narrow_rows_max == first.narrow_rows_max and w.rows is None
-                   and (w.wide is None) == (first.wide is None) and w.out_features % 64 == 0
+                   and (w.wide is None) == (first.wide is None)
+                   and (isinstance(w.codes, Int8Codes) or w.out_features % 64 == 0)
                    for w in weights)
         if not same or first.rows is not None:
             return None
-        planes = first.codes.planes
-        packed, packed_parts = _join([w.codes.packed for w in weights], 0)
-        # Scales [K/32, N, 2] join along N, so a part's are a slice of the joined ones, not
-        # dense: a joined layer never multiplies by its parts, and `int4_linear` gives the
-        # kernel a dense copy where one does. Held once, they are mapped from the weight
-        # cache like the codes (an eighth of the codes' bytes; ~570 MB of an 8B model's
-        # layers copied at every load when each part kept its own).
-        sz, sz_parts = _join([w.codes.scale_zeros for w in weights], 1)
+        codes, code_parts = _join_codes([w.codes for w in weights])
         wide, wide_parts = (None, [None] * len(weights)) if first.wide is None else \
             _join([w.wide for w in weights], 0)
         out = sum(w.out_features for w in weights)
-        fused = QuantizedWeight(Int4Codes(packed, sz, planes), out, first.in_features,
+        fused = QuantizedWeight(codes, out, first.in_features,
                                 first.act_dtype, wide=wide, narrow_rows_max=first.narrow_rows_max)
-        parts = [QuantizedWeight(Int4Codes(p, sz_parts[j], planes), w.out_features,
+        parts = [QuantizedWeight(code_parts[j], w.out_features,
                                  w.in_features, w.act_dtype, wide=wide_parts[j],
                                  narrow_rows_max=w.narrow_rows_max)
-                 for j, (p, w) in enumerate(zip(packed_parts, weights))]
+                 for j, w in enumerate(weights)]
         return fused, parts
     return None
+
+
+def _join_codes(codes: list) -> tuple:
+    """Codes of one kind (and layout and planes), joined along the outputs, and each again
+    as a view of the joined."""
+    first = codes[0]
+    if isinstance(first, Int8Codes):  # every tensor [N, ...]: rows join, parts stay dense
+        joined = [_join([getattr(c, name) for c in codes], 0) for name in ("codes", "scales", "offsets")]
+        make = lambda t, s, o: Int8Codes(t, s, o, first.layout, first.planes)  # noqa: E731
+        return make(*(j[0] for j in joined)), [make(*(j[1][i] for j in joined))
+                                                for i in range(len(codes))]
+    packed, packed_parts = _join([c.packed for c in codes], 0)
+    # Scales [K/32, N, 2] join along N, so a part's are a slice of the joined ones, not
+    # dense: a joined layer never multiplies by its parts, and `int4_linear` gives the
+    # kernel a dense copy where one does. Held once, they are mapped from the weight
+    # cache like the codes (an eighth of the codes' bytes; ~570 MB of an 8B model's
+    # layers copied at every load when each part kept its own).
+    sz, sz_parts = _join([c.scale_zeros for c in codes], 1)
+    return (Int4Codes(packed, sz, first.planes),
+            [Int4Codes(p, sz_parts[j], first.planes) for j, p in enumerate(packed_parts)])
 
 
 def _join(parts: list[torch.Tensor], dim: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -382,6 +399,9 @@ class WeightFormat:
     int4: bool = False
     int4_act_dtype: torch.dtype = torch.bfloat16
     int4_wide_dtype: torch.dtype | None = None
+    # 4-bit weights multiplied by activations quantized to 8 bits (`app.models.int8_products`)
+    # rather than by torch's kernel; weights whose inputs that kernel cannot take keep torch's.
+    int8_acts: bool = False
 
     def wants_raw(self, ggml_type, output_rows: int = 0) -> bool:
         """Whether a linear weight stored as `ggml_type` should reach `prepare` as its raw
@@ -401,24 +421,31 @@ class WeightFormat:
         (`TransformerLM.own_file_views`), so a first load that saves one never holds them
         twice (Gemma 3 270M's tied Q8_0 table: 178 MB)."""
         if isinstance(w, RawTensor) and output and self.int4 and screens(w.ggml_type, w.shape[0]):
-            return QuantizedWeight(screen_raw(w, self.int4_act_dtype), w.shape[0], w.shape[1],
-                                   self.int4_act_dtype, narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=w,
+            screen = screen_raw(w, self.int4_act_dtype, self.int8_acts)
+            return QuantizedWeight(screen, w.shape[0], w.shape[1], self._act_dtype(screen), narrow_rows_max=_INT4_NARROW_ROWS_MAX, rows=w,
                                    exact_top=exact_top(w.shape[0]))
         many_rows = not output
         if isinstance(w, RawTensor):
-            codes = pack_raw(w, self.int4_act_dtype) if self.int4 else None
+            codes = None
+            if self.int4 and self.int8_acts:
+                codes = pack_int8_raw(w)
+            if self.int4 and codes is None:
+                codes = pack_raw(w, self.int4_act_dtype)
             if codes is not None:
                 wide = None
                 if self.int4_wide_dtype is not None and many_rows:
                     wide = w.dequantize().to(self.int4_wide_dtype)
                 return QuantizedWeight(codes, w.shape[0], w.shape[1],
-                                       self.int4_act_dtype, wide=wide,
+                                       self._act_dtype(codes), wide=wide,
                                        narrow_rows_max=_INT4_NARROW_ROWS_MAX,
                                        rows=w if keep_rows else None)
             w = w.dequantize()
         if self.wide_dtype is not None and many_rows:
             return DualWeight(w.to(self.dtype), w.to(self.wide_dtype))
         return (w.t().contiguous() if self.transposed else w).to(self.dtype)
+
+    def _act_dtype(self, codes) -> torch.dtype:
+        return torch.float32 if isinstance(codes, Int8Codes) else self.int4_act_dtype
 
     def rows_table(self, w: Weight) -> torch.Tensor:
         """An embedding table [V, d] (or its transposed [d, V] form) as one plain tensor."""
@@ -442,7 +469,8 @@ class WeightFormat:
         names = [_short(self.dtype)] + ([_short(self.wide_dtype)] if self.wide_dtype else [])
         if self.int4:
             wide = f"/{_short(self.int4_wide_dtype)}" if self.int4_wide_dtype else ""
-            return f"int4({_short(self.int4_act_dtype)}{wide})+" + "+".join(names)
+            acts = "int8" if self.int8_acts else _short(self.int4_act_dtype)
+            return f"int4({acts}{wide})+" + "+".join(names)
         return "+".join(names)
 
 

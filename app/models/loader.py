@@ -133,7 +133,7 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
     fmt = WeightFormat(dtype, weights_transposed(device, dtype), wide_dtype)
     if int4 is not None and int4.int4 and device.type == "cpu":
         fmt = WeightFormat(dtype, fmt.transposed, wide_dtype, True, int4.int4_act_dtype,
-                           int4.int4_wide_dtype)
+                           int4.int4_wide_dtype, int4.int8_acts)
     loader = _load_hf_folder if path.is_dir() else functools.partial(_load_gguf, cache_dir=weight_cache_dir)
     try:
         with torch.inference_mode():

@@ -60,6 +60,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from app.models.dequant import (_bits, _f16, _nibbles, _scale_min_k4, dequantize, dequantize_rows,
                                 native_types)
 from app.models.errors import ModelError
+from app.models.int8_products import Int8Codes, byte_codes, cat_rows, fits, matmul, nibble_codes
 from app.models.load_progress import report_within
 
 T = GGMLQuantizationType
@@ -245,19 +246,33 @@ class Int4Codes:
     planes: int = 1
 
 
+# A weight's codes for one of the two kernels: torch's 4-bit one (`Int4Codes`), or the one
+# that quantizes the activations to 8 bits (`app.models.int8_products.Int8Codes`).
+Codes = Int4Codes | Int8Codes
+
+
+def codes_tensors(codes: Codes) -> tuple[torch.Tensor, ...]:
+    """Every tensor `codes` holds."""
+    if isinstance(codes, Int8Codes):
+        return codes.codes, codes.scales, codes.offsets
+    return codes.packed, codes.scale_zeros
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """One [out, in] linear weight as one or two 4-bit planes (`codes`; their products summed).
 
     Products run with activations in `act_dtype` (the kernel's fast dtype on the machine;
-    the result comes back in the caller's dtype). With `wide`, products of more than
+    the result comes back in the caller's dtype); `Int8Codes` (5-bit blocks: one plane of
+    5-bit codes) take float32 or bfloat16 and quantize them to 8 bits themselves, and their
+    `act_dtype` is float32. With `wide`, products of more than
     `narrow_rows_max` rows use that float copy instead (prefill, when the policy measured
     a float kernel faster for many rows). `rows` keeps the raw blocks of a tied embedding
     so token lookups dequantize exactly the rows they need. With `exact_top` the codes are
     a screen of the weight in `rows` (an output projection, see the module docstring): a
     product's `exact_top` largest outputs per row are recomputed from `rows` in float32."""
 
-    codes: Int4Codes
+    codes: Codes
     out_features: int
     in_features: int
     act_dtype: torch.dtype
@@ -268,7 +283,7 @@ class QuantizedWeight:
 
     @property
     def device(self) -> torch.device:
-        return self.codes.packed.device
+        return codes_tensors(self.codes)[0].device
 
     @property
     def shape(self) -> torch.Size:
@@ -374,11 +389,15 @@ def pack_one_plane(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes | None:
     return Int4Codes(packed, _scale_zeros(form.s, form.b + 8 * form.s, act_dtype), 1)
 
 
+def _check_finite(scale: torch.Tensor, zero: torch.Tensor) -> None:
+    if not (torch.isfinite(scale).all() and torch.isfinite(zero).all()):
+        raise ModelError("A quantized weight has NaN or infinite scales; the file is damaged.")
+
+
 def _scale_zeros(scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 [N, K / 32] each -> the kernel's [K / 32, N, 2] in `dtype`, after checking
     they are finite."""
-    if not (torch.isfinite(scale).all() and torch.isfinite(zero).all()):
-        raise ModelError("A quantized weight has NaN or infinite scales; the file is damaged.")
+    _check_finite(scale, zero)
     return torch.stack((scale.t(), zero.t()), dim=-1).to(dtype).contiguous()
 
 
@@ -445,19 +464,66 @@ def _pack_rows(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:
     return residual_planes(raw.dequantize(), act_dtype)  # (quantize_int4 checks the values)
 
 
-def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
-    """Two planes whose products sum to about float32 w [N, K]: plane one quantizes w to 4
-    bits (min/max per group of 32), plane two the residual w - plane one, where plane one is
-    taken as the kernel applies it (its scale and zero rounded to `act_dtype`). Each value
-    lands within half a step of plane two, 1/450 of its group's range."""
+def residual_forms(w: torch.Tensor, kept: torch.dtype) -> tuple[Int4Form, Int4Form]:
+    """Two 4-bit forms whose products sum to about float32 w [N, K]: the first quantizes w to
+    4 bits (min/max per group of 32), the second the residual w - the first, where the first
+    is taken as a kernel applies it (its scale and zero rounded to `kept`). Each value
+    lands within half a step of the second, 1/450 of its group's range."""
     first = quantize_int4(w)
     scale, zero = first.s, first.b + 8 * first.s
-    kept_scale = scale.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
-    kept_zero = zero.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
+    kept_scale = scale.to(kept).float().repeat_interleave(INT4_GROUP, 1)
+    kept_zero = zero.to(kept).float().repeat_interleave(INT4_GROUP, 1)
     residual = w - ((first.lo.to(torch.float32) - 8) * kept_scale + kept_zero)
-    second = quantize_int4(residual)
-    return _pack([(first.lo, scale, zero), (second.lo, second.s, second.b + 8 * second.s)],
-                 act_dtype)
+    return first, quantize_int4(residual)
+
+
+def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
+    """`residual_forms` as the 4-bit kernel's two planes, plane one kept in `act_dtype`."""
+    first, second = residual_forms(w, act_dtype)
+    return _pack([(first.lo, first.s, first.b + 8 * first.s),
+                  (second.lo, second.s, second.b + 8 * second.s)], act_dtype)
+
+
+def int8_codes(form: Int4Form, ggml_type) -> Int8Codes:
+    """An exact form (`int4_form`) for the 8-bit activation kernel: one plane of 4-bit codes;
+    else one signed byte a code, lo + 16h: Q8_0's own (h in -8..7), 5-bit blocks' 0..31 (h in
+    0..1). (One layout for both, so a Q8_0 V joins Q5_0 Q and K in one product.)"""
+    if form.h is None:
+        return nibble_codes([(form.lo, form.s, form.b)])
+    return byte_codes(form.lo.to(torch.int8) + 16 * form.h, form.s, form.b)
+
+
+def quantize_int8(w: torch.Tensor) -> Int8Codes:
+    """float32 w [N, K] as one signed byte a value (min/max per group of 32): each within
+    half a step, 1/510 of its group's range (and the float16 rounding of the group's
+    offset), as close as `residual_planes`' two 4-bit planes (1/450) in one plane. For the groups of 16 of Q2_K, Q3_K and Q6_K, which the 8-bit
+    activation kernel's groups of 32 cannot follow either."""
+    form = quantize_int4(w)  # checks the values; its minima are the groups'
+    N, K = w.shape
+    g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
+    # the step and the offset as the kernel keeps them (float16), the codes against those
+    s = (form.s * 15 / 255).clamp_min(1e-7).to(torch.float16).float()
+    b = (form.b + 128 * s).to(torch.float16).float()
+    codes = (g - b[..., None]).div_(s[..., None]).round_().clamp_(-128, 127)
+    return byte_codes(codes.to(torch.int8).reshape(N, K), s, b)
+
+
+def _int8_rows(raw: RawTensor) -> Int8Codes:
+    if raw.ggml_type in INT4_TYPES:
+        form = int4_form(raw)
+        _check_finite(form.s, form.b)
+        return int8_codes(form, raw.ggml_type)
+    return quantize_int8(raw.dequantize())
+
+
+def pack_int8_raw(raw: RawTensor) -> Int8Codes | None:
+    """`pack_raw` for the 8-bit activation kernel; None where it has no form for `raw`
+    (`kernel_planes` 0) or its inputs are not whole pairs of blocks (`fits`)."""
+    if not kernel_planes(raw.ggml_type) or not fits(raw.shape[1]):
+        return None
+    rows = raw.shape[0]
+    return cat_rows([_reported(_int8_rows(raw.rows(start, min(rows, start + PACK_ROWS))), start, rows)
+                     for start in range(0, rows, PACK_ROWS)])
 
 
 def quantize_int4(w: torch.Tensor, what: str = "A quantized weight") -> Int4Form:
@@ -490,17 +556,20 @@ def exact_top(rows: int) -> int:
     return max(1, min(EXACT_TOP, rows // RESCORED_SHARE))
 
 
-def screen_raw(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:
+def screen_raw(raw: RawTensor, act_dtype: torch.dtype, int8: bool = False) -> Codes:
     """A one-plane screen of an output projection's blocks, PACK_ROWS rows at a time (the
-    float32 rows of a 262,144-row table would be 671 MB at once)."""
+    float32 rows of a 262,144-row table would be 671 MB at once); for the 8-bit activation
+    kernel with `int8` (where its inputs fit)."""
     if raw.ggml_type not in SCREENED_TYPES:
         raise ValueError(f"{raw.ggml_type.name} weights are not screened")
+    int8 = int8 and fits(raw.shape[1])
     chunks = []
     for start in range(0, raw.shape[0], PACK_ROWS):
         w = raw.rows(start, min(raw.shape[0], start + PACK_ROWS)).dequantize()
-        chunks.append(_reported(pack_int4(quantize_int4(w, "The output projection"), act_dtype),
-                                start, raw.shape[0]))
-    return _cat_rows(chunks)
+        form = quantize_int4(w, "The output projection")
+        codes = nibble_codes([(form.lo, form.s, form.b)]) if int8 else pack_int4(form, act_dtype)
+        chunks.append(_reported(codes, start, raw.shape[0]))
+    return cat_rows(chunks) if int8 else _cat_rows(chunks)
 
 
 def _screened_top(out: torch.Tensor, k: int) -> list[torch.Tensor]:
@@ -573,15 +642,18 @@ def int4_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False) -> 
     in: `act_dtype`."""
     lead = x.shape[:-1]
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernel takes [rows, in]
-    # (dtype checks here rather than no-op .to() calls: each is a dispatch, 4 a layer a step)
-    a = flat if flat.dtype == w.act_dtype else flat.to(w.act_dtype)
     codes = w.codes
-    if codes.planes > 1:  # planes side by side: [x | x] meets them in one product
-        a = torch.cat((a,) * codes.planes, dim=-1)
-    scale_zeros = codes.scale_zeros
-    if not scale_zeros.is_contiguous():  # a joined product's part (`layers.fuse`): the kernel
-        scale_zeros = scale_zeros.contiguous()  # reads scales densely, strides or not
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, codes.packed, INT4_GROUP, scale_zeros)
+    if isinstance(codes, Int8Codes):  # float32 or bfloat16 in, float32 out
+        out = matmul(flat, codes)
+    else:
+        # (dtype checks rather than no-op .to() calls: each is a dispatch, 4 a layer a step)
+        a = flat if flat.dtype == w.act_dtype else flat.to(w.act_dtype)
+        if codes.planes > 1:  # planes side by side: [x | x] meets them in one product
+            a = torch.cat((a,) * codes.planes, dim=-1)
+        scale_zeros = codes.scale_zeros
+        if not scale_zeros.is_contiguous():  # a joined product's part (`layers.fuse`): the
+            scale_zeros = scale_zeros.contiguous()  # kernel reads scales densely, strides or not
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(a, codes.packed, INT4_GROUP, scale_zeros)
     if w.exact_top:
         out = _rescored(flat, out, w)
     if not promotes and out.dtype != x.dtype:

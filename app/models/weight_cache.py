@@ -42,13 +42,15 @@ from gguf.constants import GGMLQuantizationType
 
 from app.heap import release_freed_memory
 from app.models.layers import DualWeight, WeightFormat
+from app.models.int8_products import Int8Codes
 from app.models.quantized import Int4Codes, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 9  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
+LAYOUT_VERSION = 10  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
 #                   4: only from SCREEN_MIN_ROWS tokens; 5: Q2_K/Q3_K/Q6_K as two planes;
 #                   6: two planes packed side by side, one product; 7: screened from 32,768
 #                   tokens, one in 128 of them rescored; 8: a folder of parts (was one file);
-#                   9: a joined product's parts hold slices of its scales, not copies
+#                   9: a joined product's parts hold slices of its scales, not copies;
+#                   10: `Int8Codes` for the 8-bit activation kernel
 MANIFEST = "entry.json"  # {"parts": [file names]}: written last, the entry is complete with it
 # Entries whose model file no `.source` names (written before those files existed): deleted
 # once this old (by modification time) unless a load uses them first (which writes their
@@ -361,10 +363,15 @@ def _describe(value, slot: str, tensors: dict) -> dict:
 
     if isinstance(value, QuantizedWeight):
         rows = value.rows
+        codes = value.codes
+        if isinstance(codes, Int8Codes):  # [codes, scales, offsets, planes, layout]
+            described = [put("c", codes.codes), put("s", codes.scales), put("o", codes.offsets),
+                         codes.planes, codes.layout]
+        else:  # [packed, scale_zeros, planes]
+            described = [put("p", codes.packed), put("sz", codes.scale_zeros), codes.planes]
         return {"kind": "int4", "out": value.out_features, "in": value.in_features,
                 "act": _dtype_name(value.act_dtype), "narrow_rows_max": value.narrow_rows_max,
-                "codes": [put("p", value.codes.packed), put("sz", value.codes.scale_zeros),
-                          value.codes.planes],
+                "codes": described,
                 "wide": put("wide", value.wide), "exact_top": value.exact_top,
                 "rows": None if rows is None else {"t": put("rows", rows.data), "type": int(rows.ggml_type),
                                                    "shape": list(rows.shape)}}
@@ -381,8 +388,13 @@ def _rebuild(d: dict, tensors: dict):
     if d["kind"] != "int4":
         raise ValueError(f"unknown slot kind {d['kind']!r}")
     rows = d["rows"]
+    c = d["codes"]
+    if len(c) == 5:
+        codes = Int8Codes(tensors[c[0]], tensors[c[1]], tensors[c[2]], int(c[4]), int(c[3]))
+    else:
+        codes = Int4Codes(tensors[c[0]], tensors[c[1]], int(c[2]))
     return QuantizedWeight(
-        Int4Codes(tensors[d["codes"][0]], tensors[d["codes"][1]], int(d["codes"][2])),
+        codes,
         int(d["out"]), int(d["in"]),
         _dtype(d["act"]), wide=None if d["wide"] is None else tensors[d["wide"]],
         narrow_rows_max=int(d["narrow_rows_max"]), exact_top=int(d.get("exact_top", 0)),

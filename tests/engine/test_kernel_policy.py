@@ -92,6 +92,25 @@ def test_int4_decode_with_a_float_prefill_keeps_a_wide_copy_for_small_models_onl
     assert big.int4 and big.int4_wide_dtype is None and big.wide_dtype is None
 
 
+def test_an_int8_activation_decode_loads_its_kernels_codes_and_times_them():
+    """`int4_i8`: 4-bit weights on the 8-bit activation kernel where it takes them (inputs
+    whole pairs of blocks), torch's kernel with bfloat16 activations elsewhere."""
+    from app.models.int8_products import Int8Codes
+    from app.models.quantized import Int4Codes
+
+    policy = kp.Policy("int4_i8", "float16", "x", "y", {"float16": 1.0, "int4_i8": 0.5},
+                       {"float16": 1.0, "int4_i8": 2.0})
+    fmt, _ = policy.weight_format(torch.device("cpu"), file_bytes=300 * 2**20)
+    assert fmt.int4 and fmt.int8_acts and fmt.int4_act_dtype == torch.bfloat16
+    assert fmt.label.startswith("int4(int8")
+    gen = torch.Generator().manual_seed(0)
+    fits, _ = kp._weight("int4_i8", 64, 128, 2, gen)
+    assert isinstance(fits.codes, Int8Codes) and fits.act_dtype == torch.float32
+    odd, _ = kp._weight("int4_i8", 64, 96, 1, gen)
+    assert isinstance(odd.codes, Int4Codes) and odd.act_dtype == torch.bfloat16
+    assert kp._nbytes(kp._copy(fits)) == kp._nbytes(fits)
+
+
 @pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
 def test_a_real_measurement_times_every_kind_interleaved(monkeypatch):
     order = []  # one thread wake-up probe before each timing

@@ -1,8 +1,9 @@
 """The scripted decode step (app/models/decode_step.py) computes exactly what a layer's Python
 path computes: the same logits, bit for bit, for one sequence and several together, on both
-built-in models in their run-time 4-bit format (SmolLM2: Llama layout, interleaved RoPE,
-SiLU; Gemma 3: QK-norm, sandwich norms, tanh-GELU, sliding layers, two-plane products), with
-a bfloat16 and a float32 KV cache."""
+built-in models in their run-time 4-bit formats (SmolLM2: Llama layout, interleaved RoPE,
+SiLU; Gemma 3: QK-norm, sandwich norms, tanh-GELU, sliding layers, two-plane products; both
+on torch's 4-bit kernel and on the 8-bit activation kernel), with a bfloat16 and a float32
+KV cache."""
 
 from __future__ import annotations
 
@@ -10,20 +11,36 @@ import pytest
 import torch
 
 from app.engine.kv_pool import PagedBatchView, PagedKVPool
-from app.models import decode_step
+from app.models import decode_step, int8_products
 from app.models.layers import WeightFormat
 from app.models.loader import load_model
 
 CPU = torch.device("cpu")
 PAGE = 16
 INT4_RUNTIME = WeightFormat(torch.float16, False, None, True, torch.bfloat16)  # the CPU policy's
+# ... and its `int4_i8` kind: products on the 8-bit activation kernel (app/models/int8_products.py)
+INT8_RUNTIME = WeightFormat(torch.float16, False, None, True, torch.bfloat16, int8_acts=True)
+
+
+def _loaded(name: str, smollm2_model_path, embedded_model_path, fmt: WeightFormat):
+    path = smollm2_model_path if name == "smollm2" else embedded_model_path
+    loaded = load_model(path, CPU, torch.float16, torch.float32, int4=fmt)
+    assert all(layer._decode_args is not None for layer in loaded.model.layers)
+    return loaded
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def int4_model(request, smollm2_model_path, embedded_model_path):
-    path = smollm2_model_path if request.param == "smollm2" else embedded_model_path
-    loaded = load_model(path, CPU, torch.float16, torch.float32, int4=INT4_RUNTIME)
-    assert all(layer._decode_args is not None for layer in loaded.model.layers)
+    return _loaded(request.param, smollm2_model_path, embedded_model_path, INT4_RUNTIME)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def int8_model(request, smollm2_model_path, embedded_model_path):
+    if not int8_products.available():
+        pytest.skip(f"the 8-bit activation kernel cannot run here ({int8_products.unavailable_reason()})")
+    loaded = _loaded(request.param, smollm2_model_path, embedded_model_path, INT8_RUNTIME)
+    assert all(isinstance(p.codes, int8_products.Int8Codes) for layer in loaded.model.layers
+               for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     return loaded
 
 
@@ -83,19 +100,32 @@ def _prompts(n: int, length: int = 40) -> dict[str, list[int]]:
     return {f"s{i}": [1] + [(37 * j + 101 * i) % 4000 + 50 for j in range(length + 7 * i)] for i in range(n)}
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
-def test_scripted_decode_equals_the_python_path(int4_model, kv_dtype, monkeypatch, scripted_calls):
+def _assert_scripted_equals_python(loaded, kv_dtype, monkeypatch, scripted_calls) -> None:
     prompts = _prompts(3)
-    scripted = _decode(int4_model, prompts, 4, kv_dtype) | {
-        f"alone-{k}": v for k, v in _decode(int4_model, prompts, 2, kv_dtype, together=False).items()}
-    layers = len(int4_model.model.layers)
+    scripted = _decode(loaded, prompts, 4, kv_dtype) | {
+        f"alone-{k}": v for k, v in _decode(loaded, prompts, 2, kv_dtype, together=False).items()}
+    layers = len(loaded.model.layers)
     assert scripted_calls == [layers] * (4 + 3 * 2)  # every decode step (all layers), no prefill
     monkeypatch.setattr(decode_step, "compiled", lambda: None)
-    python = _decode(int4_model, prompts, 4, kv_dtype) | {
-        f"alone-{k}": v for k, v in _decode(int4_model, prompts, 2, kv_dtype, together=False).items()}
+    python = _decode(loaded, prompts, 4, kv_dtype) | {
+        f"alone-{k}": v for k, v in _decode(loaded, prompts, 2, kv_dtype, together=False).items()}
     for key in python:
         for got, want in zip(scripted[key], python[key], strict=True):
             assert torch.equal(got, want), key
+    # batching changes no bit either: each sequence's logits alone are those of the batch
+    for key in prompts:
+        for got, want in zip(python[f"alone-{key}"], python[key][:3], strict=False):
+            assert torch.equal(got, want), key
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+def test_scripted_decode_equals_the_python_path(int4_model, kv_dtype, monkeypatch, scripted_calls):
+    _assert_scripted_equals_python(int4_model, kv_dtype, monkeypatch, scripted_calls)
+
+
+def test_scripted_decode_on_the_8_bit_activation_kernel_equals_the_python_path(
+        int8_model, monkeypatch, scripted_calls):
+    _assert_scripted_equals_python(int8_model, torch.bfloat16, monkeypatch, scripted_calls)
 
 
 def test_a_sequence_past_the_sliding_window_decodes_as_in_python(int4_model, monkeypatch, scripted_calls):

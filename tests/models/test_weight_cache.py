@@ -308,3 +308,23 @@ def test_pruning_keeps_the_entries_of_models_that_exist(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "aaaa-1.pt", "aaaa-2", "aaaa.source", "cccc-1.pt", "here.gguf"]
     prune(tmp_path / "no such folder")  # housekeeping never raises
+
+
+@pytest.mark.skipif(not __import__("app.models.int8_products", fromlist=["available"]).available(),
+                    reason="the 8-bit activation kernel cannot run on this CPU")
+def test_weights_for_the_8_bit_activation_kernel_come_back_from_their_entry(smollm2_model_path,
+                                                                          tmp_path):
+    """`Int8Codes` (codes, scales, offsets, layout) are saved and mapped like torch's planes."""
+    from app.models.int8_products import Int8Codes
+
+    fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, int8_acts=True)
+    load = lambda: load_model(smollm2_model_path, torch.device("cpu"), torch.float16,  # noqa: E731
+                              torch.float32, int4=fmt, weight_cache_dir=tmp_path)
+    fresh = load()
+    expected = _logits(fresh)
+    del fresh
+    cached = load()
+    layer = cached.model.layers[0]
+    assert isinstance(layer.gate_up.codes, Int8Codes) and isinstance(layer.up.codes, Int8Codes)
+    assert layer.up.codes.codes.data_ptr() > layer.gate_up.codes.codes.data_ptr()  # still a view
+    assert torch.equal(_logits(cached), expected)

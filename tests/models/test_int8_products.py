@@ -1,0 +1,198 @@
+"""4-bit and 8-bit weights times activations quantized to 8 bits (app/models/int8_products.py):
+the compiled kernel computes what its float64 reference computes, batching and threads change
+no bit, GGUF blocks map onto its layouts exactly, and where it cannot run nothing chooses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as T
+
+from app.models import int8_products as P
+from app.models.quantized import (INT4_TYPES, QuantizedWeight, int4_form, int4_linear,
+                                  int8_codes, pack_int8_raw, quantize_int8)
+from tests.models.test_quantized import K, quantized_blocks, random_blocks, sixteen_group_blocks
+
+needs_kernel = pytest.mark.skipif(not P.available(), reason="the kernel cannot run on this CPU")
+
+
+def _nibble_weight(n: int, k: int, planes: int, seed: int) -> P.Int8Codes:
+    gen = torch.Generator().manual_seed(seed)
+    return P.nibble_codes([(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen),
+                            torch.rand(n, k // 32, generator=gen) * 0.01,
+                            -torch.rand(n, k // 32, generator=gen) * 0.08) for _ in range(planes)])
+
+
+def _byte_weight(n: int, k: int, seed: int) -> P.Int8Codes:
+    gen = torch.Generator().manual_seed(seed)
+    return P.byte_codes(torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen),
+                        torch.rand(n, k // 32, generator=gen) * 0.002,
+                        torch.randn(n, k // 32, generator=gen) * 0.01)
+
+
+WEIGHTS = {
+    "nibbles": lambda: _nibble_weight(101, 640, 1, 0),  # odd outputs: a tile of one at the end
+    "two nibble planes": lambda: _nibble_weight(64, 576, 2, 1),  # 18 blocks: padded to 24
+    "bytes": lambda: _byte_weight(37, 1536, 2),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", WEIGHTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_computes_its_reference(name, dtype):
+    w = WEIGHTS[name]()
+    k = w.codes.shape[1] * (2 if w.layout == P.NIBBLES else 1) // w.planes
+    gen = torch.Generator().manual_seed(3)
+    for rows in (1, 2, 3, 4, 5, 9):
+        x = (torch.randn(rows, k, generator=gen) * 3).to(dtype)
+        x[0, :32] = 0  # a block of zeros: no scale to divide by
+        got = P.matmul(x, w)
+        want = P.reference(x, w)
+        assert got.dtype == torch.float32 and got.shape == (rows, w.codes.shape[0])
+        assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", WEIGHTS)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_threads(name):
+    w = WEIGHTS[name]()
+    k = w.codes.shape[1] * (2 if w.layout == P.NIBBLES else 1) // w.planes
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(4))
+    together = P.matmul(x, w)
+    for rows in (1, 2, 3, 4, 7):
+        parts = torch.cat([P.matmul(x[i:i + rows], w) for i in range(0, 11, rows)])
+        assert torch.equal(parts, together)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(P.matmul(x, w), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_the_torch_operator_is_the_same_product():
+    w = WEIGHTS["bytes"]()
+    x = torch.randn(3, 1536)
+    got = torch.ops.ferrox.int8_matmul(x, w.codes, w.scales, w.offsets, w.layout, w.planes)
+    assert torch.equal(got, P.matmul(x, w))
+
+
+@pytest.mark.parametrize("t", sorted(INT4_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+def test_gguf_blocks_map_onto_the_layouts_exactly(t):
+    """The weight the layouts hold is the blocks' float32 dequantization: bit for bit where
+    the blocks' scales are float16 already; the k-quants' d * sc rounds to float16 (at most
+    1/2048 of each scale and offset)."""
+    gguf_py_quantizes = t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # not the k-quants
+    for raw in (random_blocks(t, seed=5),) + ((quantized_blocks(t, seed=6),) if gguf_py_quantizes else ()):
+        w = int8_codes(int4_form(raw), t)
+        assert w.layout == (P.NIBBLES if t in (T.Q4_0, T.Q4_1, T.Q4_K) else P.BYTES)
+        assert w.scales.dtype == w.offsets.dtype == torch.float16
+        exact = raw.dequantize().double()
+        if t in (T.Q4_K, T.Q5_K):
+            form = int4_form(raw)
+            bound = ((form.s.abs() * 31 + form.b.abs()) * 2.0**-11).repeat_interleave(32, 1)
+            assert ((_held(w) - exact).abs() <= bound).all()
+        else:
+            assert torch.equal(_held(w), exact)
+
+
+def _held(w: P.Int8Codes) -> torch.Tensor:
+    """The [N, K] weight `w` holds, read off its layout in float64: sum over planes of
+    scale * code + offset."""
+    n = w.codes.shape[0]
+    held = 0
+    for p in range(w.planes):
+        if w.layout == P.NIBBLES:
+            raw = w.codes.reshape(n, w.planes, -1, 32)[:, p]  # [n, pairs, 32]
+            codes = torch.stack((raw & 15, raw >> 4), dim=2).reshape(n, -1, 32)
+        else:
+            codes = w.codes.view(torch.int8).reshape(n, w.planes, -1, 32)[:, p]
+        s = w.scales.reshape(n, w.planes, -1)[:, p, :, None].double()
+        b = w.offsets.reshape(n, w.planes, -1)[:, p, :, None].double()
+        held = held + (codes.double() * s + b).reshape(n, -1)
+    return held
+
+
+@pytest.mark.parametrize("t", [T.Q6_K, T.Q3_K, T.Q2_K], ids=lambda t: t.name)
+def test_sixteen_value_groups_become_one_byte_plane_within_a_510th_of_their_range(t):
+    raw = sixteen_group_blocks(t, seed=7)
+    exact = raw.dequantize()
+    w = pack_int8_raw(raw)
+    assert w.layout == P.BYTES and w.planes == 1
+    groups = exact.reshape(exact.shape[0], -1, 32)
+    span = (groups.amax(-1) - groups.amin(-1)).repeat_interleave(32, 1)
+    # half a step (rounded to float16), and the float16 rounding of the group's offset
+    offset = w.offsets.double().repeat_interleave(32, 1).abs()
+    bound = span.double() / 510 * (1 + 2.0**-10) + offset * 2.0**-11 + 1e-7
+    assert ((_held(w) - exact.double()).abs() <= bound).all()
+
+
+def test_a_constant_group_is_held_exactly():
+    w = torch.full((2, 64), 0.25)
+    w[1, 32:] = -3.0
+    assert torch.allclose(_held(quantize_int8(w)), w.double(), atol=1e-6)
+
+
+@needs_kernel
+def test_a_weight_whose_inputs_are_not_whole_pairs_of_blocks_is_left_to_torchs_kernel():
+    raw = random_blocks(T.Q4_0, seed=8)
+    assert pack_int8_raw(raw) is not None
+    odd = type(raw)(raw.data[:, : (K - 32) // 32 * 18], T.Q4_0, (raw.shape[0], K - 32))
+    assert not P.fits(K - 32) and pack_int8_raw(odd) is None
+
+
+@needs_kernel
+def test_a_quantized_weight_on_the_kernel_multiplies_any_float_input():
+    raw = random_blocks(T.Q4_K, seed=9)
+    qw = QuantizedWeight(pack_int8_raw(raw), raw.shape[0], raw.shape[1], torch.float32)
+    x = torch.randn(2, 3, raw.shape[1])
+    want = x @ raw.dequantize().t()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        got = int4_linear(x.to(dtype), qw)
+        assert got.shape == (2, 3, raw.shape[0]) and got.dtype == dtype
+        assert ((got.float() - want).norm() / want.norm()) < 0.02
+
+
+def test_where_the_kernel_cannot_run_it_says_why_and_is_never_a_candidate(monkeypatch,
+                                                                         embedded_model_path):
+    from app.engine import device, kernel_policy
+    from app.engine.kernel_policy import ModelShapes
+
+    monkeypatch.setattr(P, "_kernel", None)
+    monkeypatch.setattr(P, "_kernel_error", None)
+    monkeypatch.setattr(P, "_target_isa", lambda: None)
+    assert not P.available()
+    assert "no kernel for this CPU" in P.unavailable_reason()
+    with pytest.raises(RuntimeError, match="not available"):
+        P.matmul(torch.zeros(1, 64), _nibble_weight(2, 64, 1, 0))
+    shapes = ModelShapes("tiny", layers={(64, 64): 1}, head=(64, 64),
+                         int4_layers={(64, 64, 1): 1}, head_planes=1)
+    assert kernel_policy.INT8_KIND not in kernel_policy._allowed(shapes)
+    with pytest.raises(device.DeviceError, match="int4_i8 needs the 8-bit activation kernel"):
+        device.plan_load(embedded_model_path, torch.device("cpu"), "int4_i8", measure=False)
+
+
+@needs_kernel
+def test_the_kernel_follows_torchs_instruction_set():
+    """A run held to torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) compiles for AVX2 too."""
+    want = "AVX2" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "AVX512"
+    assert P.kernel().isa.removesuffix("-VNNI") == want
+    assert want == "AVX512" or not P.kernel().isa.endswith("VNNI")
+
+
+@needs_kernel
+def test_joined_weights_multiply_like_their_parts_and_layouts_stay_apart():
+    from app.models.layers import fuse
+
+    parts = [QuantizedWeight(_nibble_weight(n, 128, 1, seed), n, 128, torch.float32)
+             for n, seed in ((64, 10), (32, 11))]
+    joined, views = fuse(parts, transposed=False)
+    x = torch.randn(3, 128)
+    assert torch.equal(int4_linear(x, joined),
+                       torch.cat([int4_linear(x, p) for p in parts], dim=-1))
+    for view, part in zip(views, parts):
+        assert torch.equal(int4_linear(x, view), int4_linear(x, part))
+    other = QuantizedWeight(_byte_weight(32, 128, 12), 32, 128, torch.float32)
+    assert fuse([parts[0], other], transposed=False) is None

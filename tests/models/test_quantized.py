@@ -473,16 +473,21 @@ def test_gemma_kept_in_4_bits_matches_transformers_first_logits(embedded_model_p
 
 
 @pytest.mark.slow
-def test_gemma_in_4_bits_keeps_greedy_tokens_on_the_reference_prompts(embedded_model_path, reference):
-    """The run-time format (bfloat16 activations into the kernel, the screened head, the
-    Q6_K layers in two approximating planes). The 4-bit model may leave float32's greedy
-    path only at a near-tie: where float32's two best logits lie within the 4-bit weights'
-    noise (their logits move by up to ~0.05 each; one prompt's fourth token is 24.444
-    against 24.350 in float32 and 24.443 against 24.446 in 4 bits; the long prompt's second
-    18.893 against 18.824), and only to float32's second choice."""
+@pytest.mark.parametrize("int8_acts", [False, True], ids=["torch's kernel", "8-bit activations"])
+def test_gemma_in_4_bits_keeps_greedy_tokens_on_the_reference_prompts(embedded_model_path, reference,
+                                                                     int8_acts):
+    """The run-time formats (bfloat16 activations into torch's kernel, or activations rounded
+    to 8 bits into ours; the screened head; the Q6_K layers approximated). The 4-bit model may
+    leave float32's greedy path only at a near-tie: where float32's two best logits lie
+    within the 4-bit weights' noise (their logits move by up to ~0.05 each; one prompt's
+    fourth token is 24.444 against 24.350 in float32 and 24.443 against 24.446 in 4 bits;
+    the long prompt's second 18.893 against 18.824), and only to float32's second choice."""
+    from app.models import int8_products
     from tests.models.test_gemma3 import all_logits
 
-    fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16)
+    if int8_acts and not int8_products.available():
+        pytest.skip(f"the 8-bit activation kernel cannot run here ({int8_products.unavailable_reason()})")
+    fmt = WeightFormat(torch.float16, False, None, True, torch.bfloat16, int8_acts=int8_acts)
     loaded = load_model(embedded_model_path, torch.device("cpu"), torch.float16, torch.float32, int4=fmt)
     exact = load_model(embedded_model_path, torch.device("cpu"), torch.float32, torch.float32)
     long_prompt = json.loads((FIXTURES / "gemma3_long_prompt.json").read_text())

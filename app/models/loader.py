@@ -24,6 +24,7 @@ from app.models.chat_template import (ChatTemplate, fallback_template, template_
                                       template_from_source)
 from app.models.errors import ModelError
 from app.models.families.common import HFConfig
+from app.models import int8_products
 from app.models.gguf_file import GGUFFile
 from app.models.layers import WeightFormat, weights_transposed
 from app.models.load_progress import set_within
@@ -134,6 +135,8 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
     if int4 is not None and int4.int4 and device.type == "cpu":
         fmt = WeightFormat(dtype, fmt.transposed, wide_dtype, True, int4.int4_act_dtype,
                            int4.int4_wide_dtype, int4.int8_acts)
+        if fmt.int8_acts:  # compiled now (once a process, ~0.6 s), not at the first token
+            int8_products.kernel()
     loader = _load_hf_folder if path.is_dir() else functools.partial(_load_gguf, cache_dir=weight_cache_dir)
     try:
         with torch.inference_mode():

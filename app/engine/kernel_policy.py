@@ -301,7 +301,7 @@ def default_policy(why: str, shapes: ModelShapes | None = None, failed=()) -> Po
     kernel (`PROVISIONAL_DECODE`) when `shapes` has 4-bit products and the kernel runs here
     (not among the kinds a measurement saw `failed`)."""
     decode = DEFAULT
-    if (shapes is not None and PROVISIONAL_DECODE in _allowed(shapes)
+    if (shapes is not None and _allowed(shapes, (PROVISIONAL_DECODE,))
             and PROVISIONAL_DECODE not in failed and int4_kernel_runs()):
         decode = PROVISIONAL_DECODE
     label = decode if decode == DEFAULT else f"{decode} decode, {DEFAULT} prefill"
@@ -877,11 +877,13 @@ def _figures(shapes: ModelShapes, samples: dict[str, list[dict]], prefill: bool
 # ---- choosing ------------------------------------------------------------------------------
 
 
-def _allowed(shapes: ModelShapes) -> list[str]:
-    allowed = [k for k in KINDS if k not in FAILS_QUALITY]
+def _allowed(shapes: ModelShapes, kinds=KINDS) -> list[str]:
+    """Of `kinds`, those this model and machine can run (the 8-bit activation kernel is
+    compiled to find out, when asked about)."""
+    allowed = [k for k in kinds if k not in FAILS_QUALITY]
     if shapes.int4_fraction == 0 or not int4_kernel_available():
         allowed = [k for k in allowed if not k.startswith("int4")]
-    if not int8_products.available():
+    if INT8_KIND in allowed and not int8_products.available():
         allowed = [k for k in allowed if k != INT8_KIND]
     return allowed
 

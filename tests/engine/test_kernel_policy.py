@@ -847,3 +847,14 @@ def test_a_kv_dtype_kept_for_erratic_timings_is_measured_again_at_the_next_check
     steady = kp.choose(_with_kv(_m(*_WEIGHTS), *_KV_FASTER, 0.02), TINY)
     assert not steady.kv_unsettled
     assert kp._policy_from({**dataclasses.asdict(steady), "kv_unsettled": 1}) is None
+
+
+def test_the_default_never_compiles_the_8_bit_activation_kernel(monkeypatch):
+    """Only a measurement (or a load in `int4_i8`) compiles it (~0.6 s): not a first load."""
+    from app.models import int8_products
+
+    def compile_asked():
+        raise AssertionError("the default asked for the 8-bit activation kernel")
+
+    monkeypatch.setattr(int8_products, "available", compile_asked)
+    assert kp.default_policy("", TINY).label == TINY_DEFAULT

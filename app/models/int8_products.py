@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
 import logging
 import os
 import platform
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -609,23 +611,70 @@ def _compile() -> _Kernel:
     # VNNI only where torch itself runs its AVX-512 kernels (so a run held to AVX2 is AVX2)
     vnni = isa == "AVX512" and (features.get("avxvnni", False) or (
         features.get("avx512vnni", False) and features.get("avx512vl", False)))
-    module = llvm.parse_assembly(kernel_ir(threaded, vnni))
+    ir = kernel_ir(threaded, vnni)
+    module = llvm.parse_assembly(ir)
     module.verify()
     target = llvm.Target.from_default_triple()
     if isa == "AVX2":  # an AVX2 machine's instructions, whatever this one has beyond them
-        machine = target.create_target_machine(cpu="haswell", features="", opt=3)
+        cpu, cpu_features = "haswell", ""
     else:
-        machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                               features=features.flatten(), opt=3)
-    passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
-    passes.getModulePassManager().run(module, passes)
+        cpu, cpu_features = llvm.get_host_cpu_name(), features.flatten()
+    machine = target.create_target_machine(cpu=cpu, features=cpu_features, opt=3)
+    cache = _object_path(ir, cpu, cpu_features, llvm.llvm_version_info)
+    cached = _read_object(cache)
+    if cached is None:  # optimized and compiled (~0.6 s); else the saved machine code is used
+        passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
+        passes.getModulePassManager().run(module, passes)
     engine = llvm.create_mcjit_compiler(module, machine)
+    engine.set_object_cache(lambda _module, code: cached is None and _write_object(cache, code),
+                            lambda _module: cached)
     engine.finalize_object()
     address = engine.get_function_address("matmul")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn = ctypes.CFUNCTYPE(None, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
                           ctypes.c_int32)(address)
     return _Kernel(fn, engine, threaded, isa + ("-VNNI" if vnni else ""))
+
+
+# Compiled kernels are kept in the data folder, named by everything that shapes their code
+# (the IR, the CPU and its features, LLVM's version), with a checksum after the code: a later
+# process loads one in ~20 ms instead of compiling it in ~0.6 s (a window's start, a load).
+OBJECT_CACHE_DIR = "kernel-cache"
+_CHECKSUM_BYTES = 32
+
+
+def _object_path(ir: str, cpu: str, features: str, llvm_version) -> Path | None:
+    try:
+        from app.paths import data_dir
+
+        key = hashlib.sha256("\n".join((ir, cpu, features, str(llvm_version))).encode()).hexdigest()
+        return data_dir() / OBJECT_CACHE_DIR / f"int8_products-{key[:32]}.o"
+    except OSError:  # no data folder: compile every time
+        return None
+
+
+def _read_object(path: Path | None) -> bytes | None:
+    """The saved machine code at `path`, or None when absent or damaged."""
+    try:
+        data = path.read_bytes() if path is not None else b""
+    except OSError:
+        return None
+    code, digest = data[:-_CHECKSUM_BYTES], data[-_CHECKSUM_BYTES:]
+    return code if code and hashlib.sha256(code).digest() == digest else None
+
+
+def _write_object(path: Path | None, code: bytes) -> None:
+    """Save compiled code (best effort: a full disk or a read-only folder costs a compile at
+    the next start, nothing else)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.part")
+        partial.write_bytes(bytes(code) + hashlib.sha256(bytes(code)).digest())
+        os.replace(partial, path)
+    except OSError as exc:
+        log.info("The compiled kernel was not saved (%s).", exc)
 
 
 def kernel() -> _Kernel | None:

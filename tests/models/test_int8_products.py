@@ -196,3 +196,32 @@ def test_joined_weights_multiply_like_their_parts_and_layouts_stay_apart():
         assert torch.equal(int4_linear(x, view), int4_linear(x, part))
     other = QuantizedWeight(_byte_weight(32, 128, 12), 32, 128, torch.float32)
     assert fuse([parts[0], other], transposed=False) is None
+
+
+@needs_kernel
+def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkeypatch, tmp_path):
+    import llvmlite.binding as llvm
+
+    from app.paths import data_dir
+
+    monkeypatch.setenv("FERROX_DATA_DIR", str(tmp_path))
+
+    def fresh() -> P._Kernel:
+        monkeypatch.setattr(P, "_kernel", None)
+        monkeypatch.setattr(P, "_kernel_error", None)
+        return P.kernel()
+
+    w, x = WEIGHTS["nibbles"](), torch.randn(3, 640)
+    want = P.matmul(x, w)
+    fresh()
+    saved = list((data_dir() / P.OBJECT_CACHE_DIR).glob("*.o"))
+    assert len(saved) == 1
+    optimized = []
+    builder = llvm.create_pass_builder
+    monkeypatch.setattr(llvm, "create_pass_builder", lambda *a: optimized.append(1) or builder(*a))
+    assert fresh() is not None and not optimized  # the saved code, not a compile
+    assert torch.equal(P.matmul(x, w), want)
+    saved[0].write_bytes(saved[0].read_bytes()[:-40] + b"torn" * 10)
+    assert fresh() is not None and optimized  # compiled again, and saved again
+    assert torch.equal(P.matmul(x, w), want)
+    assert P._read_object(saved[0]) is not None

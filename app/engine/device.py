@@ -34,8 +34,8 @@ import torch
 
 from app.engine.kernel_policy import TWO_COPIES_MAX_FILE_BYTES
 from app.heap import release_freed_memory
-from app.models.layers import WeightFormat
 from app.models import int8_products
+from app.models.layers import WeightFormat
 from app.models.quantized import int4_kernel_available
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")

@@ -58,7 +58,8 @@ pruned. A damaged cache file is ignored and rewritten.
 
 Candidates (`KINDS`): float32, bfloat16, float16, the 4-bit weight-only kernel with
 bfloat16 or float32 activations (`app.models.quantized`), and 4-bit weights multiplied by
-activations quantized to 8 bits (`int4_i8`, `app.models.int8_products`, where it compiled). Every one meets the quality bar
+activations quantized to 8 bits (`int4_i8`, `app.models.int8_products`, where it compiles).
+Every one meets the quality bar
 of a mean negative log-likelihood within 0.5% of the float32 model on a long public text
 (scripts/measure_weight_quality.py reports the figures per format and model); a kind that
 ever fails it belongs in `FAILS_QUALITY` and is never chosen.
@@ -102,13 +103,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from app.heap import release_freed_memory
-from app.models.layers import WeightFormat, linear, weights_transposed
 from app.models import int8_products
+from app.models.layers import WeightFormat, linear, weights_transposed
 from app.models.quantized import (Int4Codes, Int4Form, QuantizedWeight, codes_tensors,
-                                  int4_kernel_available, int4_kernel_runs, int8_codes, kernel_planes, pack_int4,
-                                  quantize_int4, screens)
+                                  int4_kernel_available, int4_kernel_runs, int8_codes,
+                                  kernel_planes, pack_int4, quantize_int4, screens)
 
 CACHE_FILE = "kernel_policy.json"
 CACHE_VERSION = 3  # the layout of an entry (3: the measurement's own parameters in the key)
@@ -447,7 +449,6 @@ def _weight(kind: str, n: int, k: int, planes: int, gen: torch.Generator):
             form = Int4Form(form.lo, torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8),
                             form.s, form.b)
         if kind == INT8_KIND and int8_products.fits(k):
-            from gguf.constants import GGMLQuantizationType
             return QuantizedWeight(int8_codes(form, GGMLQuantizationType.Q8_0), n, k,
                                    torch.float32), False
         return QuantizedWeight(pack_int4(form, act), n, k, act), False

@@ -249,9 +249,8 @@ def prepare(layer) -> DecodeArgs | None:
     qkv, o, gate_up, down = layer.qkv, layer.o, layer.gate_up, layer.down
     products = (qkv, o, gate_up, down)
     if not all(isinstance(p, QuantizedWeight) and p.exact_top == 0 and p.device.type == "cpu"
-               and (isinstance(p.codes, Int8Codes) and p.codes.codes.is_contiguous()
-                    or not isinstance(p.codes, Int8Codes)
-                    and p.codes.scale_zeros.dtype == p.act_dtype and p.codes.scale_zeros.is_contiguous())
+               and (p.codes.codes.is_contiguous() if isinstance(p.codes, Int8Codes)
+                    else p.codes.scale_zeros.dtype == p.act_dtype and p.codes.scale_zeros.is_contiguous())
                for p in products):
         return None
     of = layer._qkv_of

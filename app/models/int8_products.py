@@ -22,7 +22,7 @@ The arithmetic, for output n and row r of x [M, K], with blocks of 32 inputs:
 that is, the exact product of the weight with x rounded to 8 bits, whose error is
 sum_i w_i * (x_i - dx * xq_i). The integer sums are exact. (The offsets' term with x's exact
 sum instead would leave an error of s * sum_i c_i * (x_i - dx * xq_i), with codes 0..15
-against weights centred on zero: measured on Gemma 3's Q8_0 rows, 7x the error.) Per output and
+against weights centred on zero: measured on Gemma 3's Q8_0 rows, ~4x the error.) Per output and
 row every float operation is the same whatever else is in the product -- one row's
 accumulators, the blocks in one order, the same tree at the end -- so a row's result does
 not depend on how many rows, or which, share the call: batching changes no bit.
@@ -38,8 +38,8 @@ Scales and offsets are float16 [N, planes * nb], nb the blocks of a plane: as ma
 torch's kernel reads for its bfloat16 scales and zeros, and exact for the blocks' own float16
 scales (a Q4_K scale d * sc rounds to float16, 1/2048 of itself at most). A decode step reads
 every weight from memory, and float32 scales padded to 8 blocks had cost 67% more bytes than
-the codes of SmolLM2's 576-wide rows. Two planes (Q8_0's halves, the
-residual planes of Q6_K ...) are summed in the same accumulators, each against the same x.
+the codes of SmolLM2's 576-wide rows. A weight may be several planes, summed in the same
+accumulators, each against the same x (`nibble_codes`); every GGUF type fits one today.
 """
 
 from __future__ import annotations
@@ -82,11 +82,6 @@ class Int8Codes:
     offsets: torch.Tensor
     layout: int
     planes: int = 1
-
-
-def padded_blocks(k: int) -> int:
-    """nb8: the blocks of a K-input plane, rounded up to 8."""
-    return (k // GROUP + 7) // 8 * 8
 
 
 def fits(k: int) -> bool:
@@ -134,8 +129,8 @@ def _sum8(v: str, out: str, name: str) -> list[str]:
 
 
 def _quantize_ir(bf16: bool) -> str:
-    """quantize_<f32|bf16>(x, xq, dx, xs, M, nb, nb8): every block of 32 of x [M, nb * 32]
-    -> xq int8, dx = max |x| / 127 and xs = dx * sum xq (float32 [M, nb8], zero past nb)."""
+    """quantize_<f32|bf16>(x, xq, dx, xs, M, nb): every block of 32 of x [M, nb * 32]
+    -> xq int8, dx = max |x| / 127 and xs = dx * sum xq (float32 [M, nb])."""
     name = "quantize_bf16" if bf16 else "quantize_f32"
     loads = []
     for c in range(4):
@@ -148,9 +143,9 @@ def _quantize_ir(bf16: bool) -> str:
         else:
             loads += [f"  %p{c} = getelementptr float, ptr %x, i64 %xo{c}",
                       f"  %v{c} = load <8 x float>, ptr %p{c}, align 4"]
-    body = [f"define internal void @{name}(ptr %x, ptr %xq, ptr %dx, ptr %xs, i64 %M, i64 %nb, i64 %nb8) {{",
+    body = [f"define internal void @{name}(ptr %x, ptr %xq, ptr %dx, ptr %xs, i64 %M, i64 %nb) {{",
             "entry:", "  br label %row",
-            "row:", "  %r = phi i64 [0, %entry], [%rn, %pad_end]", "  br label %blk",
+            "row:", "  %r = phi i64 [0, %entry], [%rn, %row_end]", "  br label %blk",
             "blk:", "  %i = phi i64 [0, %row], [%in, %blk]",
             "  %rb = mul i64 %r, %nb", "  %gi = add i64 %rb, %i", "  %xo = mul i64 %gi, 32"]
     body += [f"  %xo{c} = add i64 %xo, {8 * c}" for c in range(4)]
@@ -193,19 +188,11 @@ def _quantize_ir(bf16: bool) -> str:
     body += _sum8("%sum", "%qsum", "t")
     body += ["  %ssum = fmul float %qsum, %d"]
     body += [
-        "  %r8 = mul i64 %r, %nb8", "  %di = add i64 %r8, %i",
-        "  %dpp = getelementptr float, ptr %dx, i64 %di", "  store float %d, ptr %dpp, align 4",
-        "  %xsp = getelementptr float, ptr %xs, i64 %di", "  store float %ssum, ptr %xsp, align 4",
+        "  %dpp = getelementptr float, ptr %dx, i64 %gi", "  store float %d, ptr %dpp, align 4",
+        "  %xsp = getelementptr float, ptr %xs, i64 %gi", "  store float %ssum, ptr %xsp, align 4",
         "  %in = add i64 %i, 1", "  %bmore = icmp ult i64 %in, %nb",
-        "  br i1 %bmore, label %blk, label %pad",
-        "pad:", "  br label %padl",
-        "padl:", "  %j = phi i64 [%nb, %pad], [%jn, %padb]",
-        "  %jin = icmp ult i64 %j, %nb8", "  br i1 %jin, label %padb, label %pad_end",
-        "padb:", "  %r8b = mul i64 %r, %nb8", "  %dj = add i64 %r8b, %j",
-        "  %xspj = getelementptr float, ptr %xs, i64 %dj", "  store float 0.0, ptr %xspj, align 4",
-        "  %dpj = getelementptr float, ptr %dx, i64 %dj", "  store float 0.0, ptr %dpj, align 4",
-        "  %jn = add i64 %j, 1", "  br label %padl",
-        "pad_end:", "  %rn = add i64 %r, 1", "  %rmore = icmp ult i64 %rn, %M",
+        "  br i1 %bmore, label %blk, label %row_end",
+        "row_end:", "  %rn = add i64 %r, 1", "  %rmore = icmp ult i64 %rn, %M",
         "  br i1 %rmore, label %row, label %out",
         "out:", "  ret void", "}",
     ]
@@ -213,7 +200,7 @@ def _quantize_ir(bf16: bool) -> str:
 
 
 def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
-    """tile(codes, s, b, xq, dx, xs, y, nb, nb8, N, planes, r0, n): y[r0 .. r0 + rows,
+    """tile(codes, s, b, xq, dx, xs, y, nb, N, planes, r0, n): y[r0 .. r0 + rows,
     n .. n + outs] of one product. Per output and row two accumulators, even and odd
     blocks, over every plane's pairs of blocks in order; then the offsets' term, 8 blocks at
     a time; then one fixed sum of the lanes."""
@@ -221,7 +208,7 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
     a = L.append
     bpb = _CODE_BYTES[layout]
     a(f"define internal void @tile_{layout}_{rows}_{outs}(ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, "
-      "ptr %xs, ptr %y, i64 %nb, i64 %nb8, i64 %N, i64 %planes, i64 %r0, i64 %n) {")
+      "ptr %xs, ptr %y, i64 %nb, i64 %N, i64 %planes, i64 %r0, i64 %n) {")
     a("entry:")
     a(f"  %plane_bytes = mul i64 %nb, {bpb}")
     a("  %row_bytes = mul i64 %plane_bytes, %planes")
@@ -239,7 +226,7 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
         a(f"  %xr{r} = mul i64 %rr{r}, %nb")
         a(f"  %xb{r} = mul i64 %xr{r}, 32")
         a(f"  %xp{r} = getelementptr i8, ptr %xq, i64 %xb{r}")
-        a(f"  %dr{r} = mul i64 %rr{r}, %nb8")
+        a(f"  %dr{r} = mul i64 %rr{r}, %nb")
         a(f"  %dp{r} = getelementptr float, ptr %dx, i64 %dr{r}")
         a(f"  %xsp{r} = getelementptr float, ptr %xs, i64 %dr{r}")
     keys = [(t, r, j) for t in range(outs) for r in range(rows) for j in range(2)]
@@ -397,7 +384,7 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
     return "\n".join(L)
 
 
-_FIELDS = ("codes", "s", "b", "xq", "dx", "xs", "y", "nb", "nb8", "N", "M", "planes", "layout")
+_FIELDS = ("codes", "s", "b", "xq", "dx", "xs", "y", "nb", "N", "M", "planes", "layout")
 
 
 def _work_ir() -> str:
@@ -434,7 +421,7 @@ def _work_ir() -> str:
     cases = " ".join(f"i64 {layout * 8 + R}, label %t{layout}_{R}"
                      for layout in (NIBBLES, BYTES) for R in range(1, _TILE_ROWS + 1))
     a(f"  switch i64 %sel, label %rows_next [ {cases} ]")
-    args = "ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, ptr %xs, ptr %y, i64 %nb, i64 %nb8, i64 %N, i64 %planes, i64 %r0"
+    args = "ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, ptr %xs, ptr %y, i64 %nb, i64 %N, i64 %planes, i64 %r0"
     for layout in (NIBBLES, BYTES):
         for R in range(1, _TILE_ROWS + 1):
             T = _OUTPUTS_FOR_ROWS[R]
@@ -476,11 +463,11 @@ def _work_ir() -> str:
 
 
 def _driver_ir(threaded: bool) -> str:
-    """matmul(x, bf16, codes, s, b, scratch, y, M, N, nb, nb8, planes, layout, threads):
+    """matmul(x, bf16, codes, s, b, scratch, y, M, N, nb, planes, layout, threads):
     quantize x on the calling thread, then every thread's share of the outputs (on torch's
     OpenMP pool when `threaded`)."""
     stores = []
-    values = ["%codes", "%s", "%b", "%xq", "%dx", "%xs", "%y", "%nb", "%nb8", "%N", "%M",
+    values = ["%codes", "%s", "%b", "%xq", "%dx", "%xs", "%y", "%nb", "%N", "%M",
               "%planes", "%layout"]
     for i, v in enumerate(values):
         ty = "ptr" if i < 7 else "i64"
@@ -507,23 +494,23 @@ entry:
         extra = ""
     return extra + "\n".join([
         "define void @matmul(ptr %x, i64 %bf16, ptr %codes, ptr %s, ptr %b, ptr %scratch, ptr %y, "
-        "i64 %M, i64 %N, i64 %nb, i64 %nb8, i64 %planes, i64 %layout, i32 %threads) {",
+        "i64 %M, i64 %N, i64 %nb, i64 %planes, i64 %layout, i32 %threads) {",
         "entry:",
         "  %xq = getelementptr i8, ptr %scratch, i64 0",
         "  %qbytes0 = mul i64 %M, %nb",
         "  %qbytes = mul i64 %qbytes0, 32",
         "  %dx = getelementptr i8, ptr %scratch, i64 %qbytes",
-        "  %fl0 = mul i64 %M, %nb8",
+        "  %fl0 = mul i64 %M, %nb",
         "  %fl = mul i64 %fl0, 4",
         "  %dxb = add i64 %qbytes, %fl",
         "  %xs = getelementptr i8, ptr %scratch, i64 %dxb",
         "  %isbf = icmp ne i64 %bf16, 0",
         "  br i1 %isbf, label %qbf, label %qf",
         "qbf:",
-        "  call void @quantize_bf16(ptr %x, ptr %xq, ptr %dx, ptr %xs, i64 %M, i64 %nb, i64 %nb8)",
+        "  call void @quantize_bf16(ptr %x, ptr %xq, ptr %dx, ptr %xs, i64 %M, i64 %nb)",
         "  br label %go",
         "qf:",
-        "  call void @quantize_f32(ptr %x, ptr %xq, ptr %dx, ptr %xs, i64 %M, i64 %nb, i64 %nb8)",
+        "  call void @quantize_f32(ptr %x, ptr %xq, ptr %dx, ptr %xs, i64 %M, i64 %nb)",
         "  br label %go",
         "go:",
         "  %a = alloca %args",
@@ -631,7 +618,7 @@ def _compile() -> _Kernel:
     engine.finalize_object()
     address = engine.get_function_address("matmul")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn = ctypes.CFUNCTYPE(None, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
+    fn = ctypes.CFUNCTYPE(None, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64,
                           ctypes.c_int32)(address)
     return _Kernel(fn, engine, threaded, isa + ("-VNNI" if vnni else ""))
 
@@ -705,7 +692,8 @@ def unavailable_reason() -> str | None:
 
 
 def _scratch_bytes(rows: int, k: int) -> int:
-    return rows * (k + 8 * padded_blocks(k))
+    """x's 8-bit rows, then dx and xs (float32 a block each)."""
+    return rows * (k + 8 * (k // GROUP))
 
 
 _scratches = threading.local()
@@ -737,7 +725,6 @@ def _matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets:
     if not (codes.is_contiguous() and scales.is_contiguous() and offsets.is_contiguous()):
         raise ValueError("int8_products.matmul takes contiguous codes, scales and offsets")
     nb = K // GROUP
-    nb8 = padded_blocks(K)
     if not x.is_contiguous():
         x = x.contiguous()
     if x.dtype not in (torch.float32, torch.bfloat16):
@@ -745,7 +732,7 @@ def _matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets:
     scratch = _scratch(_scratch_bytes(M, K))
     y = torch.empty(M, N, dtype=torch.float32)
     k.fn(x.data_ptr(), int(x.dtype == torch.bfloat16), codes.data_ptr(), scales.data_ptr(),
-         offsets.data_ptr(), scratch.data_ptr(), y.data_ptr(), M, N, nb, nb8, planes, layout,
+         offsets.data_ptr(), scratch.data_ptr(), y.data_ptr(), M, N, nb, planes, layout,
          torch.get_num_threads())
     return y
 

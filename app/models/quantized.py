@@ -263,9 +263,9 @@ class QuantizedWeight:
     """One [out, in] linear weight as one or two 4-bit planes (`codes`; their products summed).
 
     Products run with activations in `act_dtype` (the kernel's fast dtype on the machine;
-    the result comes back in the caller's dtype); `Int8Codes` (5-bit blocks: one plane of
-    5-bit codes) take float32 or bfloat16 and quantize them to 8 bits themselves, and their
-    `act_dtype` is float32. With `wide`, products of more than
+    the result comes back in the caller's dtype); `Int8Codes` (see
+    `app.models.int8_products`) take float32 or bfloat16, round it to 8 bits themselves,
+    and their `act_dtype` is float32. With `wide`, products of more than
     `narrow_rows_max` rows use that float copy instead (prefill, when the policy measured
     a float kernel faster for many rows). `rows` keeps the raw blocks of a tied embedding
     so token lookups dequantize exactly the rows they need. With `exact_top` the codes are
@@ -464,24 +464,19 @@ def _pack_rows(raw: RawTensor, act_dtype: torch.dtype) -> Int4Codes:
     return residual_planes(raw.dequantize(), act_dtype)  # (quantize_int4 checks the values)
 
 
-def residual_forms(w: torch.Tensor, kept: torch.dtype) -> tuple[Int4Form, Int4Form]:
-    """Two 4-bit forms whose products sum to about float32 w [N, K]: the first quantizes w to
-    4 bits (min/max per group of 32), the second the residual w - the first, where the first
-    is taken as a kernel applies it (its scale and zero rounded to `kept`). Each value
-    lands within half a step of the second, 1/450 of its group's range."""
+def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
+    """Two planes whose products sum to about float32 w [N, K]: plane one quantizes w to 4
+    bits (min/max per group of 32), plane two the residual w - plane one, where plane one is
+    taken as the kernel applies it (its scale and zero rounded to `act_dtype`). Each value
+    lands within half a step of plane two, 1/450 of its group's range."""
     first = quantize_int4(w)
     scale, zero = first.s, first.b + 8 * first.s
-    kept_scale = scale.to(kept).float().repeat_interleave(INT4_GROUP, 1)
-    kept_zero = zero.to(kept).float().repeat_interleave(INT4_GROUP, 1)
+    kept_scale = scale.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
+    kept_zero = zero.to(act_dtype).float().repeat_interleave(INT4_GROUP, 1)
     residual = w - ((first.lo.to(torch.float32) - 8) * kept_scale + kept_zero)
-    return first, quantize_int4(residual)
-
-
-def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
-    """`residual_forms` as the 4-bit kernel's two planes, plane one kept in `act_dtype`."""
-    first, second = residual_forms(w, act_dtype)
-    return _pack([(first.lo, first.s, first.b + 8 * first.s),
-                  (second.lo, second.s, second.b + 8 * second.s)], act_dtype)
+    second = quantize_int4(residual)
+    return _pack([(first.lo, scale, zero), (second.lo, second.s, second.b + 8 * second.s)],
+                 act_dtype)
 
 
 def int8_codes(form: Int4Form, ggml_type) -> Int8Codes:
@@ -496,14 +491,15 @@ def int8_codes(form: Int4Form, ggml_type) -> Int8Codes:
 def quantize_int8(w: torch.Tensor) -> Int8Codes:
     """float32 w [N, K] as one signed byte a value (min/max per group of 32): each within
     half a step, 1/510 of its group's range (and the float16 rounding of the group's
-    offset), as close as `residual_planes`' two 4-bit planes (1/450) in one plane. For the groups of 16 of Q2_K, Q3_K and Q6_K, which the 8-bit
-    activation kernel's groups of 32 cannot follow either."""
-    form = quantize_int4(w)  # checks the values; its minima are the groups'
+    offset), as close as `residual_planes`' two 4-bit planes (1/450) in one plane. For the
+    groups of 16 of Q2_K, Q3_K and Q6_K, which the 8-bit activation kernel's groups of 32
+    cannot follow either."""
     N, K = w.shape
     g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
+    lo_v, hi_v = _group_range(g, "A quantized weight")
     # the step and the offset as the kernel keeps them (float16), the codes against those
-    s = (form.s * 15 / 255).clamp_min(1e-7).to(torch.float16).float()
-    b = (form.b + 128 * s).to(torch.float16).float()
+    s = ((hi_v - lo_v) / 255).clamp_min(1e-7).to(torch.float16).float()
+    b = (lo_v + 128 * s).to(torch.float16).float()
     codes = (g - b[..., None]).div_(s[..., None]).round_().clamp_(-128, 127)
     return byte_codes(codes.to(torch.int8).reshape(N, K), s, b)
 
@@ -526,6 +522,15 @@ def pack_int8_raw(raw: RawTensor) -> Int8Codes | None:
                      for start in range(0, rows, PACK_ROWS)])
 
 
+def _group_range(groups: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (min, max) of [N, groups, 32]; ModelError naming `what` when any value
+    is NaN or infinite (the minima and maxima carry them: `aminmax` propagates NaN)."""
+    lo_v, hi_v = torch.aminmax(groups, dim=-1)
+    if not (torch.isfinite(lo_v).all() and torch.isfinite(hi_v).all()):
+        raise ModelError(f"{what} contains NaN or infinite values; the file is damaged.")
+    return lo_v, hi_v
+
+
 def quantize_int4(w: torch.Tensor, what: str = "A quantized weight") -> Int4Form:
     """A 4-bit form for a float weight (as Q4_1: min/max per group of 32): for an output
     projection's screen, whose top logits are recomputed exactly, for the planes of
@@ -536,9 +541,7 @@ def quantize_int4(w: torch.Tensor, what: str = "A quantized weight") -> Int4Form
     0.33 s of a ~3.5 s first load checked whole)."""
     N, K = w.shape
     g = w.reshape(N, K // INT4_GROUP, INT4_GROUP)
-    lo_v, hi_v = torch.aminmax(g, dim=-1)
-    if not (torch.isfinite(lo_v).all() and torch.isfinite(hi_v).all()):
-        raise ModelError(f"{what} contains NaN or infinite values; the file is damaged.")
+    lo_v, hi_v = _group_range(g, what)
     s = ((hi_v - lo_v) / 15).clamp_min(1e-8)
     # in place on one temporary: half the time of a new tensor per operation, the same codes
     codes = (g - lo_v[..., None]).div_(s[..., None]).round_().clamp_(0, 15).to(torch.uint8)

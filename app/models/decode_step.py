@@ -49,23 +49,28 @@ import torch
 import torch.nn.functional as F
 
 import app.models.int8_products  # noqa: F401 - registers torch.ops.ferrox.int8_matmul, which `_int4` calls
+from app.models import decode_attention  # registers torch.ops.ferrox.decode_attention
+from app.models.decode_attention import KV_KINDS
 
 log = logging.getLogger(__name__)
 
 # `DecodeArgs.ints`, by position (TorchScript reads no module globals, so `decode_layer`
 # names them once at its top): H, Hkv, D, the planes of the qkv, o, gate_up and down
 # products, then 0/1 for QK-norm, a norm after attention, a norm after the MLP, tanh-GELU,
-# the 4-bit kernel's group size, and the four products' kernels (-1: torch's 4-bit kernel,
-# else the `Int8Codes` layout of `app.models.int8_products`).
+# the 4-bit kernel's group size, the four products' kernels (-1: torch's 4-bit kernel,
+# else the `Int8Codes` layout of `app.models.int8_products`), then 0/1 for attention in one
+# compiled call (`app.models.decode_attention`), for rotate-half RoPE, and for the norms
+# before QKV and gate-up computed in those products (`DecoderLayer._norms_in_products`).
 
 
 @dataclass(frozen=True)
 class DecodeArgs:
     """One layer's constant arguments: tensors [attn_norm, qkv packed, qkv scales, o packed,
     o scales, ffn_norm, gate_up packed, gate_up scales, down packed, down scales, RoPE pair
-    swap, qk_norm, post_attn_norm, post_ffn_norm, then the four products' offsets] (an
-    absent norm: an empty tensor, its flag 0; torch's kernel has no offsets: empty too; for
-    `Int8Codes` "packed" are the codes) and `ints` in the order the comment above gives. `rows_max`: the most rows every product keeps on its
+    swap, qk_norm, post_attn_norm, post_ffn_norm, the four products' offsets, an empty
+    tensor (no norm in a product)] (an absent norm: an empty tensor, its flag 0; torch's
+    kernel has no offsets: empty too; for `Int8Codes` "packed" are the codes) and `ints` in
+    the order the comment above gives. `rows_max`: the most rows every product keeps on its
     planes."""
 
     tensors: list
@@ -78,21 +83,69 @@ class DecodeArgs:
 def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: float, scale: float,
                  cos: torch.Tensor, sin: torch.Tensor, datas: List[torch.Tensor], layer: int,
                  starts: List[int], firsts: List[int], seens: List[int],
-                 per_head_from: int) -> torch.Tensor:
+                 per_head_from: int, attn: torch.Tensor, attn_ints: List[int]) -> torch.Tensor:
     """x [N, d] float32, one row per sequence; cos, sin [1, N, 1, D]; datas[i] sequence i's
     KV copy [n_layers, 2, Hkv, capacity, D]: it writes position starts[i] and its query sees
     seens[i] positions from firsts[i], asked per query head from `per_head_from` positions
-    (-1: never; `DecoderLayer._attend`). -> [N, d], as `DecoderLayer.forward`."""
+    (-1: never; `DecoderLayer._attend`); where attention is one compiled call, `attn` is
+    this layer's table of a `decode_attention.Plan` and attn_ints its kind, longest and
+    threads. -> [N, d], as `DecoderLayer.forward`."""
     H, Hkv, D = n[0], n[1], n[2]
     qkv_planes, o_planes, gate_up_planes, down_planes = n[3], n[4], n[5], n[6]
     has_qk_norm, post_attn, post_ffn, gelu = n[7] != 0, n[8] != 0, n[9] != 0, n[10] != 0
     group = n[11]
     qkv_kernel, o_kernel, gate_up_kernel, down_kernel = n[12], n[13], n[14], n[15]
+    fused, half, norms_in_products = n[16] != 0, n[17] != 0, n[18] != 0
     N = x.shape[0]
+    none = w[18]  # (an empty tensor: no norm in a product)
     # ---- attention (DecoderLayer.attention, _qkv, rotate, PagedBatchView.attend, _attend)
-    h = F.rms_norm(x, [x.shape[-1]], w[0], eps)
     plain = not has_qk_norm
-    y = _int4(h, w[1], w[2], w[14], qkv_planes, qkv_kernel, group, plain).view(1, N, H + 2 * Hkv, D)
+    if norms_in_products:  # (DecoderLayer._normed_product)
+        y = _int4(x, w[1], w[2], w[14], qkv_planes, qkv_kernel, group, plain, w[0], eps)
+    else:
+        h = F.rms_norm(x, [x.shape[-1]], w[0], eps)
+        y = _int4(h, w[1], w[2], w[14], qkv_planes, qkv_kernel, group, plain, none, 0.0)
+    if fused:  # (DecoderLayer._attend_decode)
+        out = torch.ops.ferrox.decode_attention(y, cos.reshape(N, D), sin.reshape(N, D), w[11], attn,
+                                                H, Hkv, D, half, attn_ints[0], attn_ints[1],
+                                                attn_ints[2], eps, scale)
+    else:
+        out = _attention(y.view(1, N, H + 2 * Hkv, D), w, n, eps, scale, cos, sin, datas, layer,
+                         starts, firsts, seens, per_head_from)
+    h = _int4(out, w[3], w[4], w[15], o_planes, o_kernel, group, not post_attn, none, 0.0)
+    if post_attn:
+        h = _widen(h, x.dtype)
+        h = F.rms_norm(h, [h.shape[-1]], w[12], eps)
+    x = x + h
+    # ---- MLP (DecoderLayer.mlp)
+    if norms_in_products:
+        gate_up = _int4(x, w[6], w[7], w[16], gate_up_planes, gate_up_kernel, group, True, w[5],
+                        eps).chunk(2, dim=-1)
+    else:
+        h = F.rms_norm(x, [x.shape[-1]], w[5], eps)
+        gate_up = _int4(h, w[6], w[7], w[16], gate_up_planes, gate_up_kernel, group, True, none,
+                        0.0).chunk(2, dim=-1)
+    gate, up = gate_up[0], gate_up[1]
+    if gelu:
+        gated = F.gelu(gate, approximate="tanh") * up
+    else:
+        gated = F.silu(gate) * up
+    h = _int4(gated, w[8], w[9], w[17], down_planes, down_kernel, group, not post_ffn, none, 0.0)
+    if post_ffn:
+        h = _widen(h, x.dtype)
+        h = F.rms_norm(h, [h.shape[-1]], w[13], eps)
+    return x + h
+
+
+def _attention(y: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: float, scale: float,
+               cos: torch.Tensor, sin: torch.Tensor, datas: List[torch.Tensor], layer: int,
+               starts: List[int], firsts: List[int], seens: List[int],
+               per_head_from: int) -> torch.Tensor:
+    """The attention of `decode_layer` through torch's operations: y [1, N, H + 2 Hkv, D]
+    the QKV product -> [N, H * D] in the KV copies' dtype."""
+    H, Hkv, D = n[0], n[1], n[2]
+    has_qk_norm = n[7] != 0
+    N = y.shape[1]
     parts = y.split_with_sizes([H + Hkv, Hkv], 2)
     qk, v = parts[0], parts[1]
     if has_qk_norm:  # (y is float32 here: a product that does not promote returns x's dtype)
@@ -128,35 +181,19 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
                                 scale))
         # [N, Hkv, H / Hkv, D] is [N, H * D] in the order the packed row's output has.
         out = torch.cat(outs).view(N, H * D)
-    h = _int4(out, w[3], w[4], w[15], o_planes, o_kernel, group, not post_attn)
-    if post_attn:
-        h = _widen(h, x.dtype)
-        h = F.rms_norm(h, [h.shape[-1]], w[12], eps)
-    x = x + h
-    # ---- MLP (DecoderLayer.mlp)
-    h = F.rms_norm(x, [x.shape[-1]], w[5], eps)
-    gate_up = _int4(h, w[6], w[7], w[16], gate_up_planes, gate_up_kernel, group, True).chunk(2, dim=-1)
-    gate, up = gate_up[0], gate_up[1]
-    if gelu:
-        gated = F.gelu(gate, approximate="tanh") * up
-    else:
-        gated = F.silu(gate) * up
-    h = _int4(gated, w[8], w[9], w[17], down_planes, down_kernel, group, not post_ffn)
-    if post_ffn:
-        h = _widen(h, x.dtype)
-        h = F.rms_norm(h, [h.shape[-1]], w[13], eps)
-    return x + h
+    return out
 
 
 def decode_layers(x: torch.Tensor, ws: List[List[torch.Tensor]], ns: List[List[int]], eps: float,
                   scale: float, coss: List[torch.Tensor], sins: List[torch.Tensor],
                   datas: List[torch.Tensor], starts: List[int], firsts: List[List[int]],
-                  seens: List[List[int]], per_head_from: int) -> torch.Tensor:
-    """Every layer in turn (layer i: ws[i], ns[i], its RoPE tables and its window's slices):
-    one call a pass instead of one a layer (~0.5 ms less a SmolLM2 step)."""
+                  seens: List[List[int]], per_head_from: int, attns: List[torch.Tensor],
+                  attn_ints: List[int]) -> torch.Tensor:
+    """Every layer in turn (layer i: ws[i], ns[i], its RoPE tables, its window's slices and
+    attns[i]): one call a pass instead of one a layer (~0.5 ms less a SmolLM2 step)."""
     for i in range(len(ws)):
         x = decode_layer(x, ws[i], ns[i], eps, scale, coss[i], sins[i], datas, i, starts,
-                         firsts[i], seens[i], per_head_from)
+                         firsts[i], seens[i], per_head_from, attns[i], attn_ints)
     return x
 
 
@@ -181,11 +218,22 @@ def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = N
     if step is None:
         return None
     datas, starts = next(iter(plans.values()))[:2]
+    attns, attn_ints = [_NO_TABLE] * len(layers), [0, 1, 1]
+    if any(layer._fused_attention for layer in layers):
+        if datas[0].dtype not in KV_KINDS:
+            return None  # (the layers attend with SDPA then, `DecoderLayer._attend_decode`)
+        H, Hkv, D = args[0].ints[:3]
+        for window, plan in plans.items():
+            at = [i for i, layer in enumerate(layers) if layer.window == window]
+            seqs = decode_attention.plan(*plan, at, H, Hkv, D)
+            for i, table in zip(at, seqs.tables):
+                attns[i] = table
+            attn_ints = [seqs.kind, max(attn_ints[1], seqs.longest), max(attn_ints[2], seqs.threads)]
     return step(x, [a.tensors for a in args], [a.ints for a in args], args[0].eps, args[0].scale,
                 [tables[layer.rope][0] for layer in layers], [tables[layer.rope][1] for layer in layers],
                 datas, starts, [plans[layer.window][2] for layer in layers],
                 [plans[layer.window][3] for layer in layers],
-                -1 if per_head_from is None else per_head_from)
+                -1 if per_head_from is None else per_head_from, attns, attn_ints)
 
 
 def mode(model) -> str:
@@ -202,12 +250,14 @@ def mode(model) -> str:
 
 
 def _int4(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, offsets: torch.Tensor,
-          planes: int, kernel: int, group: int, promotes: bool) -> torch.Tensor:
+          planes: int, kernel: int, group: int, promotes: bool, norm: torch.Tensor,
+          eps: float) -> torch.Tensor:
     """`quantized.int4_linear` on 2-D x (its scales are in its activation dtype); `kernel`
     as `DecodeArgs.ints` says (-1: torch's 4-bit kernel, else an `Int8Codes` layout, whose
-    codes, scales and offsets are `packed`, `scale_zeros` and `offsets`)."""
+    codes, scales and offsets are `packed`, `scale_zeros` and `offsets`, and which takes x's
+    pre-norm `norm` (empty: none) into its product)."""
     if kernel >= 0:
-        out = torch.ops.ferrox.int8_matmul(x, packed, scale_zeros, offsets, kernel, planes)
+        out = torch.ops.ferrox.int8_matmul(x, packed, scale_zeros, offsets, kernel, planes, norm, eps)
         if not promotes and out.dtype != x.dtype:
             out = out.to(x.dtype)
         return out
@@ -291,14 +341,17 @@ def prepare(layer) -> DecodeArgs | None:
                qk_norm if qk_norm is not None else empty,
                layer.post_attn_norm if layer.post_attn_norm is not None else empty,
                layer.post_ffn_norm if layer.post_ffn_norm is not None else empty,
-               qkv_t[2], o_t[2], gate_up_t[2], down_t[2]]
+               qkv_t[2], o_t[2], gate_up_t[2], down_t[2], empty]
     ints = [c.n_heads, c.n_kv_heads, D, qkv.codes.planes, o.codes.planes, gate_up.codes.planes,
             down.codes.planes, int(qk_norm is not None), int(layer.post_attn_norm is not None),
             int(layer.post_ffn_norm is not None), int(c.activation == "gelu_tanh"), INT4_GROUP,
-            qkv_t[3], o_t[3], gate_up_t[3], down_t[3]]
+            qkv_t[3], o_t[3], gate_up_t[3], down_t[3], int(layer._fused_attention),
+            int(spec.style == ROPE_HALF), int(layer._norms_in_products)]
     rows_max = min(p.narrow_rows_max if p.wide is not None else 1 << 30 for p in products)
     return DecodeArgs(tensors, ints, c.rms_eps, c.attention_scale, rows_max)
 
+
+_NO_TABLE = torch.empty(0, dtype=torch.int64)  # a layer attending through torch's operations
 
 _compiled = None
 _compile_tried = False

@@ -638,16 +638,20 @@ def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> to
     return out
 
 
-def int4_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False) -> torch.Tensor:
+def int4_linear(x: torch.Tensor, w: QuantizedWeight, promotes: bool = False,
+                norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """x [..., in] -> [..., out] in x's dtype, on the packed planes (`layers.linear` sends
     products of more than `narrow_rows_max` rows to the float copy instead). With
     `promotes` (see `layers.linear`) the result stays in the dtype the product comes out
-    in: `act_dtype`."""
+    in: `act_dtype`. `norm`: the product is of x's RMS norm times `norm` (`Int8Codes` only,
+    which compute it as they round x: `int8_products.matmul`)."""
     lead = x.shape[:-1]
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the kernel takes [rows, in]
     codes = w.codes
+    if norm is not None and (not isinstance(codes, Int8Codes) or w.exact_top):
+        raise ValueError("only a product on 8-bit activations takes its input's norm")
     if isinstance(codes, Int8Codes):  # float32 or bfloat16 in, float32 out
-        out = matmul(flat, codes)
+        out = matmul(flat, codes, norm, eps)
     else:
         # (dtype checks rather than no-op .to() calls: each is a dispatch, 4 a layer a step)
         a = flat if flat.dtype == w.act_dtype else flat.to(w.act_dtype)

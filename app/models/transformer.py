@@ -25,12 +25,13 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from app.models import decode_step
+from app.models import decode_attention, decode_step
 from app.models.causal_lm import KVFacts, KVView
 from app.models.errors import ModelError
-from app.models.quantized import QuantizedWeight, RawTensor
+from app.models.quantized import QuantizedWeight, RawTensor, int4_linear
 from app.models.layers import (ACTIVATIONS, ROPE_HALF, ROPE_INTERLEAVED, RopeSpec, Weight,
-                               WeightFormat, fuse, linear, linear_from, rms_norm, rotate, soft_cap)
+                               WeightFormat, fuse, linear, linear_from, on_planes, rms_norm, rotate,
+                               soft_cap)
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,11 @@ class DecoderLayer(torch.nn.Module):
         # The decode step's constant arguments (`decode_step.prepare`), made when the
         # products are joined and dropped when any weight is assigned after that.
         self._decode_args: decode_step.DecodeArgs | None = None
+        # Whether decode passes attend in one compiled call (`decode_attention.serves`),
+        # and whether the norms before QKV and gate-up are computed in those products
+        # (`_norms_fit_products`): decided with `_decode_args` and dropped with it.
+        self._fused_attention = False
+        self._norms_in_products = False
         # A decode step over at least this many keys asks SDPA per query head (`_attend`);
         # None: never. Set for the whole model (`TransformerLM.per_head_from`).
         self.per_head_from: int | None = None
@@ -172,8 +178,11 @@ class DecoderLayer(torch.nn.Module):
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        if name in self._DECODE_INPUTS and self.__dict__.get("_decode_args") is not None:
-            self.__dict__["_decode_args"] = None
+        if name in self._DECODE_INPUTS:
+            if self.__dict__.get("_decode_args") is not None:
+                self.__dict__["_decode_args"] = None
+            self.__dict__["_fused_attention"] = False
+            self.__dict__["_norms_in_products"] = False
 
     def fuse_products(self) -> None:
         """Join Q, K, V (or Q, K) and gate, up into one product each, the slots becoming
@@ -202,7 +211,23 @@ class DecoderLayer(torch.nn.Module):
             self.qk_norm = torch.cat((self.q_norm.expand(c.n_heads, -1),
                                       self.k_norm.expand(c.n_kv_heads, -1)))
             self._qk_norm_of = (self.q_norm, self.k_norm)
+        self._fused_attention = decode_attention.serves(self)
+        self._norms_in_products = self._norms_fit_products()
         self._decode_args = decode_step.prepare(self)
+
+    def _norms_fit_products(self) -> bool:
+        """Whether the norms before QKV and gate-up can be computed in those products: both
+        joined (Q, K and V without a bias), on 8-bit activations (`int8_products.matmul`
+        takes the norm as it rounds x to 8 bits: a small model's decode step then runs two
+        norms a layer fewer, ~13 us each on a 2-core CPU)."""
+        from app.models.int8_products import Int8Codes
+
+        of, gu = self._qkv_of, self._gate_up_of
+        return bool(of and of[0] is self.q and of[1] is self.k and of[2] is not None
+                    and of[2] is self.v and self.q_bias is None and self.qkv_bias is None
+                    and gu and gu[0] is self.gate and gu[1] is self.up
+                    and all(isinstance(w, QuantizedWeight) and isinstance(w.codes, Int8Codes)
+                            and not w.exact_top for w in (self.qkv, self.gate_up)))
 
     def slot_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight this layer needs, [out, in] for linear ones, as the loader fills them."""
@@ -228,22 +253,35 @@ class DecoderLayer(torch.nn.Module):
         # Without a norm after it, a branch's last product may stay in its kernel's dtype:
         # adding it to the residual stream promotes it (see `linear`).
         sandwich = self.post_attn_norm is not None
-        h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv, promotes=not sandwich)
+        h = self.attention(x, rope, kv, promotes=not sandwich, norm=self.attn_norm)
         if sandwich:
             h = rms_norm(h, self.post_attn_norm, eps)
         x = x + h
         sandwich = self.post_ffn_norm is not None
-        h = self.mlp(rms_norm(x, self.ffn_norm, eps), promotes=not sandwich)
+        h = self.mlp(x, promotes=not sandwich, norm=self.ffn_norm)
         if sandwich:
             h = rms_norm(h, self.post_ffn_norm, eps)
         return x + h
 
-    def mlp(self, x: torch.Tensor, promotes: bool = False) -> torch.Tensor:
+    def _normed(self, x: torch.Tensor, norm: torch.Tensor | None, product: Weight
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(x, norm) for a product that takes its input's norm (`_norms_in_products`, x on
+        the product's 8-bit planes), else (x normed, None)."""
+        if norm is None or (self._norms_in_products and on_planes(x, product)):
+            return x, norm
+        return rms_norm(x, norm, self.cfg.rms_eps), None
+
+    def mlp(self, x: torch.Tensor, promotes: bool = False, norm: torch.Tensor | None = None
+            ) -> torch.Tensor:
+        """x [N, d] -> [N, d]; `norm`: x is not normed yet, this is its norm's weight."""
         t = self.fmt.transposed
         of = self._gate_up_of
+        x, norm = self._normed(x, norm, self.gate_up)
         # gate and up stay in their product's dtype (a 4-bit kernel's bfloat16): the
         # activation and the gating multiply run in it, and the down product takes it as is.
-        if of and of[0] is self.gate and of[1] is self.up:
+        if norm is not None:  # (joined, on 8-bit activations: `_norms_fit_products`)
+            gate, up = int4_linear(x, self.gate_up, True, norm, self.cfg.rms_eps).chunk(2, dim=-1)
+        elif of and of[0] is self.gate and of[1] is self.up:
             gate, up = linear(x, self.gate_up, t, promotes=True).chunk(2, dim=-1)
         else:
             gate, up = linear(x, self.gate, t, promotes=True), linear(x, self.up, t, promotes=True)
@@ -251,10 +289,13 @@ class DecoderLayer(torch.nn.Module):
             gate, up = gate.to(x.dtype), up.to(x.dtype)
         return linear_from(self.act(gate) * up, self.down, t, x.dtype, promotes)
 
-    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, d] -> Q, K, V side by side [N, (H + 2 Hkv) * D]."""
+    def _qkv(self, x: torch.Tensor, norm: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, d] -> Q, K, V side by side [N, (H + 2 Hkv) * D]; `norm` as `mlp`'s."""
         t = self.fmt.transposed
         of = self._qkv_of  # (q, k, v or None, q_bias) the joined product was made of
+        x, norm = self._normed(x, norm, self.qkv)
+        if norm is not None:  # (joined, no bias, on 8-bit activations: `_norms_fit_products`)
+            return int4_linear(x, self.qkv, self.q_norm is None, norm, self.cfg.rms_eps)
         if of and of[0] is self.q and of[1] is self.k and (of[2] is None or of[2] is self.v) \
                 and of[3] is self.q_bias:
             # Q and K meet RoPE's float32 tables and V is copied into the KV cache, both of
@@ -275,14 +316,19 @@ class DecoderLayer(torch.nn.Module):
         return y if bias is None else y + bias.to(y.dtype)
 
     def attention(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView,
-                  promotes: bool = False) -> torch.Tensor:
+                  promotes: bool = False, norm: torch.Tensor | None = None) -> torch.Tensor:
         """x [N, d] -> [N, d]; the rope tables [S, T, 1, R] say how the N rows split into
-        S sequences of T tokens."""
+        S sequences of T tokens; `norm` as `mlp`'s."""
         c = self.cfg
         cos, sin = rope  # [S, T, 1, R]: Q and K heads rotated together
         S, T = cos.shape[0], cos.shape[1]
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-        y = self._qkv(x).view(S, T, H + 2 * Hkv, D)
+        y = self._qkv(x, norm)
+        if self._fused_attention:  # (a pass of decode steps alone: see `_attend_decode`)
+            out = self._attend_decode(y, cos, sin, kv)
+            if out is not None:
+                return linear_from(out, self.o, self.fmt.transposed, x.dtype, promotes)
+        y = y.view(S, T, H + 2 * Hkv, D)
         qk, v = y.split_with_sizes((H + Hkv, Hkv), 2)  # (one call for the two views)
         of = self._qk_norm_of
         if of and of[0] is self.q_norm and of[1] is self.k_norm and y.dtype == torch.float32:
@@ -300,6 +346,24 @@ class DecoderLayer(torch.nn.Module):
         # [S, H, T, D] -> [S * T, H * D]; one token's is the same memory read flat (a view)
         out = out.reshape(1, H * D) if S * T == 1 else out.transpose(1, 2).reshape(S * T, H * D)
         return linear_from(out, self.o, self.fmt.transposed, x.dtype, promotes)
+
+    def _attend_decode(self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVView
+                       ) -> torch.Tensor | None:
+        """A pass of decode steps alone, in one compiled call (`decode_attention`, as the
+        scripted step calls it): y [N, (H + 2 Hkv) * D] the QKV product -> [N, H * D]
+        float32; None for any other pass or KV dtype (the caller attends as usual)."""
+        plan_of = getattr(kv, "decode_plan", None)
+        plan = plan_of(self.window) if plan_of is not None else None
+        if plan is None or plan[0][0].dtype not in decode_attention.KV_KINDS or y.dtype != torch.float32:
+            return None
+        c, N = self.cfg, y.shape[0]
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        seqs = decode_attention.plan(*plan, [self.index], H, Hkv, D)
+        norm = self.qk_norm if self.q_norm is not None else torch.empty(0)
+        return torch.ops.ferrox.decode_attention(
+            y, cos.reshape(N, D), sin.reshape(N, D), norm, seqs.tables[0], H, Hkv, D,
+            self.rope.style == ROPE_HALF, seqs.kind, seqs.longest, seqs.threads, c.rms_eps,
+            c.attention_scale)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:

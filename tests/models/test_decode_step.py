@@ -2,7 +2,8 @@
 path computes: the same logits, bit for bit, for one sequence and several together, on both
 built-in models in their run-time 4-bit formats (SmolLM2: Llama layout, interleaved RoPE,
 SiLU; Gemma 3: QK-norm, sandwich norms, tanh-GELU, sliding layers, two-plane products; both
-on torch's 4-bit kernel and on the 8-bit activation kernel), with a bfloat16 and a float32
+on torch's 4-bit kernel and on the 8-bit activation kernel, whose decode passes also attend
+in one compiled call and whose products take their pre-norms), with a bfloat16 and a float32
 KV cache."""
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def _loaded(name: str, smollm2_model_path, embedded_model_path, fmt: WeightForma
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def int4_model(request, smollm2_model_path, embedded_model_path):
-    return _loaded(request.param, smollm2_model_path, embedded_model_path, INT4_RUNTIME)
+    loaded = _loaded(request.param, smollm2_model_path, embedded_model_path, INT4_RUNTIME)
+    assert not any(layer._fused_attention or layer._norms_in_products  # SDPA's, torch's norms
+                   for layer in loaded.model.layers)
+    return loaded
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
@@ -41,6 +45,10 @@ def int8_model(request, smollm2_model_path, embedded_model_path):
     loaded = _loaded(request.param, smollm2_model_path, embedded_model_path, INT8_RUNTIME)
     assert all(isinstance(p.codes, int8_products.Int8Codes) for layer in loaded.model.layers
                for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    # ... whose decode passes attend in one compiled call (app/models/decode_attention.py),
+    # and whose norms before QKV and gate-up are computed in those products, in the scripted
+    # step and the layers' Python alike
+    assert all(layer._fused_attention and layer._norms_in_products for layer in loaded.model.layers)
     return loaded
 
 

@@ -75,7 +75,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_threads(name
 def test_the_torch_operator_is_the_same_product():
     w = WEIGHTS["bytes"]()
     x = torch.randn(3, 1536)
-    got = torch.ops.ferrox.int8_matmul(x, w.codes, w.scales, w.offsets, w.layout, w.planes)
+    got = torch.ops.ferrox.int8_matmul(x, w.codes, w.scales, w.offsets, w.layout, w.planes, torch.empty(0), 0.0)
     assert torch.equal(got, P.matmul(x, w))
 
 
@@ -225,3 +225,34 @@ def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkey
     assert fresh() is not None and optimized  # compiled again, and saved again
     assert torch.equal(P.matmul(x, w), want)
     assert P._read_object(saved[0]) is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", WEIGHTS)
+def test_with_a_norm_it_multiplies_the_rms_norm_of_x(name):
+    """The pre-norm folded into the product (`matmul`'s `norm`): the product of
+    x / sqrt(mean(x^2) + eps) * norm, rounded to 8 bits as any x. Its float32 sum of squares
+    is not torch's, so a value on a rounding boundary may round the other way: the result
+    is the reference's to a few of those steps, and bit for bit the same in any batch."""
+    w = WEIGHTS[name]()
+    k = w.codes.shape[1] * (2 if w.layout == P.NIBBLES else 1) // w.planes
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(9, k, generator=gen) * 3
+    norm = torch.rand(k, generator=gen) + 0.5
+    got = P.matmul(x, w, norm, 1e-6)
+    xd = x.double()
+    normed = (xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.double()).float()
+    want = P.reference(normed, w)
+    assert (got.double() - want).abs().max() <= 2e-3 * want.abs().max()
+    assert not torch.equal(got, P.matmul(x, w))  # (the norm was taken)
+    parts = torch.cat([P.matmul(x[i:i + 2], w, norm, 1e-6) for i in range(0, 9, 2)])
+    assert torch.equal(parts, got)
+
+
+@needs_kernel
+def test_shapes_that_do_not_fit_the_weight_are_refused_before_the_kernel_runs():
+    w = WEIGHTS["bytes"]()
+    with pytest.raises(ValueError):  # x narrower than the weight's inputs
+        P.matmul(torch.randn(2, 576), w)
+    with pytest.raises(ValueError):  # a norm weight of the wrong length
+        P.matmul(torch.randn(2, 1536), w, torch.ones(576), 1e-6)

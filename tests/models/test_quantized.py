@@ -481,7 +481,12 @@ def test_gemma_in_4_bits_keeps_greedy_tokens_on_the_reference_prompts(embedded_m
     leave float32's greedy path only at a near-tie: where float32's two best logits lie
     within the 4-bit weights' noise (their logits move by up to ~0.05 each; one prompt's
     fourth token is 24.444 against 24.350 in float32 and 24.443 against 24.446 in 4 bits;
-    the long prompt's second 18.893 against 18.824), and only to float32's second choice."""
+    the long prompt's second 18.893 against 18.824), and only to float32's second choice.
+    Activations rounded to 8 bits move the logits more (KL divergence from float32 0.00176
+    against torch's kernel's 0.00024 in scripts/measure_weight_quality.py; decoding CPython's
+    LICENSE token by token with a bfloat16 KV cache, 0.009 attending through SDPA and 0.012
+    through app/models/decode_attention.py, NLL +0.52% and +0.26%): with the latter one prompt
+    left float32 at its 24th token, whose two best logits lay 0.263 apart in float32."""
     from app.models import int8_products
     from tests.models.test_gemma3 import all_logits
 
@@ -502,7 +507,7 @@ def test_gemma_in_4_bits_keeps_greedy_tokens_on_the_reference_prompts(embedded_m
             departures += 1
             logits = all_logits(exact, prompt + want[:n])[-1]
             assert got[n] == int(logits.topk(2).indices[1])
-            assert logits[want[n]] - logits[got[n]] < 0.15
+            assert logits[want[n]] - logits[got[n]] < (0.3 if int8_acts else 0.15)
     assert departures < len(cases)  # near-ties are rare: some prompt follows float32 throughout
 
 

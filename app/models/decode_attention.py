@@ -1,0 +1,716 @@
+"""A decode step's attention in one call: QK-norm, RoPE, the new key and value written into
+each sequence's KV copy, and every query head's attention over its keys, for every sequence
+of the pass, compiled with the 8-bit activation kernel (`app.models.int8_products`, the same
+LLVM module, threads and cache).
+
+Why: in a decode step of a small model the attention's own arithmetic is tiny (SmolLM2:
+9 query heads of 64 over a few hundred keys), but around it torch runs ~15 small operations
+a layer and sequence (the RoPE gather and multiply-add, two cache writes, views, the
+queries' conversion, SDPA), each a dispatch of a few microseconds. Measured on a 2-core Xeon
+with torch's AVX2 kernels, SmolLM2: the step without the block ran ~68 us a layer faster for
+one sequence and ~190 us for four (docs/performance.md); this call does it in one dispatch
+whatever the number of sequences (~14 us for one sequence over 60 keys, ~40 for four over
+120).
+
+The arithmetic, per sequence i and query head h (KV head h // (H / Hkv)):
+    q, k   = the product's row (QK-norm: x * 1 / sqrt(mean(x^2) + eps) * weight per head)
+             rotated: y_j = x_j * cos_j + x_partner(j) * sin_j (sin signed, as
+             `RopeSpec.rotation` gives it; partner j + D/2 mod D, or j ^ 1 interleaved)
+    k, v   -> the copy's slot `start` (float32, bfloat16 rounded to nearest even, float16)
+    s_t    = (q * scale) . k_t over the `seen` positions from `first`
+    out    = sum_t exp(s_t - max s) v_t / sum_t exp(s_t - max s)     (float32 throughout)
+exp is Cephes' expf polynomial (`_EXP`), not libm's, so the machine code needs no symbol
+beyond OpenMP's. Each (sequence, head) is computed alone, in one fixed order,
+on whichever thread: batching and thread counts change no bit (tests/models/
+test_decode_attention.py holds this, and the result to a float64 reference).
+
+It serves decode passes only (one new token a sequence, the KV view's `decode_plan`), in the
+scripted step and the layers' Python alike (`DecoderLayer.attention`), so the two stay
+bitwise equal. A pass with a prompt chunk in it attends with SDPA as before.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from app.models import int8_products  # (defines the ferrox operator library first)
+
+# KV copy dtypes the kernel reads and writes, by the code its IR switches on.
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_KIND_NAMES = {0: "f32", 1: "bf16", 2: "f16"}
+_SEQ_FIELDS = 7  # a sequence's row of the table: base, kv, head and position strides, start, first, seen
+# Below this many multiply-adds (sum of seen x H x D) one thread does the work: a parallel
+# region costs a few microseconds, more than a short context's whole attention.
+_PARALLEL_WORK = 1 << 18
+
+_DECLARE = """
+declare float @llvm.sqrt.f32(float)
+declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
+declare <8 x float> @llvm.rint.v8f32(<8 x float>)
+declare <8 x float> @llvm.maxnum.v8f32(<8 x float>, <8 x float>)
+declare float @llvm.maxnum.f32(float, float)
+"""
+
+
+def _load(kind: int, ptr: str, index: str, out: str) -> list[str]:
+    """IR: <8 x float> `out` = 8 values of the KV copy's dtype at element `index` of `ptr`."""
+    t = out.lstrip("%")
+    if kind == 0:
+        return [f"  %{t}_p = getelementptr float, ptr {ptr}, i64 {index}",
+                f"  {out} = load <8 x float>, ptr %{t}_p, align 4"]
+    if kind == 1:
+        return [f"  %{t}_p = getelementptr i16, ptr {ptr}, i64 {index}",
+                f"  %{t}_h = load <8 x i16>, ptr %{t}_p, align 2",
+                f"  %{t}_w = zext <8 x i16> %{t}_h to <8 x i32>",
+                f"  %{t}_s = shl <8 x i32> %{t}_w, splat (i32 16)",
+                f"  {out} = bitcast <8 x i32> %{t}_s to <8 x float>"]
+    return [f"  %{t}_p = getelementptr half, ptr {ptr}, i64 {index}",
+            f"  %{t}_h = load <8 x half>, ptr %{t}_p, align 2",
+            f"  {out} = fpext <8 x half> %{t}_h to <8 x float>"]
+
+
+def _store(kind: int, ptr: str, index: str, value: str, tag: str) -> list[str]:
+    """IR: store <8 x float> `value` into 8 values of the copy's dtype (bfloat16 rounded to
+    nearest even, NaN as 0x7FC0, as torch converts)."""
+    if kind == 0:
+        return [f"  %{tag}_p = getelementptr float, ptr {ptr}, i64 {index}",
+                f"  store <8 x float> {value}, ptr %{tag}_p, align 4"]
+    if kind == 1:
+        return [f"  %{tag}_b = bitcast <8 x float> {value} to <8 x i32>",
+                f"  %{tag}_l = lshr <8 x i32> %{tag}_b, splat (i32 16)",
+                f"  %{tag}_o = and <8 x i32> %{tag}_l, splat (i32 1)",
+                f"  %{tag}_r0 = add <8 x i32> %{tag}_b, splat (i32 32767)",
+                f"  %{tag}_r1 = add <8 x i32> %{tag}_r0, %{tag}_o",
+                f"  %{tag}_hi = lshr <8 x i32> %{tag}_r1, splat (i32 16)",
+                f"  %{tag}_nan = fcmp uno <8 x float> {value}, {value}",
+                f"  %{tag}_sel = select <8 x i1> %{tag}_nan, <8 x i32> splat (i32 32704), <8 x i32> %{tag}_hi",
+                f"  %{tag}_t = trunc <8 x i32> %{tag}_sel to <8 x i16>",
+                f"  %{tag}_p = getelementptr i16, ptr {ptr}, i64 {index}",
+                f"  store <8 x i16> %{tag}_t, ptr %{tag}_p, align 2"]
+    return [f"  %{tag}_t = fptrunc <8 x float> {value} to <8 x half>",
+            f"  %{tag}_p = getelementptr half, ptr {ptr}, i64 {index}",
+            f"  store <8 x half> %{tag}_t, ptr %{tag}_p, align 2"]
+
+
+def _hsum(v: str, out: str, tag: str) -> list[str]:
+    """IR: float `out` = the 8 lanes of `v` summed as a fixed tree."""
+    return [
+        f"  %{tag}a = shufflevector <8 x float> {v}, <8 x float> poison, <4 x i32> <i32 0, i32 1, i32 2, i32 3>",
+        f"  %{tag}b = shufflevector <8 x float> {v}, <8 x float> poison, <4 x i32> <i32 4, i32 5, i32 6, i32 7>",
+        f"  %{tag}4 = fadd <4 x float> %{tag}a, %{tag}b",
+        f"  %{tag}c = shufflevector <4 x float> %{tag}4, <4 x float> poison, <2 x i32> <i32 0, i32 1>",
+        f"  %{tag}d = shufflevector <4 x float> %{tag}4, <4 x float> poison, <2 x i32> <i32 2, i32 3>",
+        f"  %{tag}2 = fadd <2 x float> %{tag}c, %{tag}d",
+        f"  %{tag}e = extractelement <2 x float> %{tag}2, i32 0",
+        f"  %{tag}f = extractelement <2 x float> %{tag}2, i32 1",
+        f"  {out} = fadd float %{tag}e, %{tag}f",
+    ]
+
+
+def _f(value: float) -> str:
+    """An LLVM float constant: `value` rounded to float32, written as LLVM writes it."""
+    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", struct.unpack("<f", struct.pack("<f", value))[0]))[0]
+
+
+def _splat(value: float) -> str:
+    return f"splat (float {_f(value)})"
+
+
+# exp(x) for x <= 0 (a score minus the maximum): 2^n * e^r with n = rint(x / ln 2), r the
+# rest, e^r by Cephes' expf polynomial; below -87 it is clamped (e^-87 ~ 1.6e-38, nothing
+# next to the maximum's 1).
+_EXP = f"""
+define internal <8 x float> @attn_exp8(<8 x float> %x0) alwaysinline {{
+entry:
+  %x = call <8 x float> @llvm.maxnum.v8f32(<8 x float> %x0, <8 x float> {_splat(-87.0)})
+  %t = fmul <8 x float> %x, {_splat(1.44269504088896341)}
+  %n = call <8 x float> @llvm.rint.v8f32(<8 x float> %t)
+  %r0 = call <8 x float> @llvm.fma.v8f32(<8 x float> %n, <8 x float> {_splat(-0.693359375)}, <8 x float> %x)
+  %r = call <8 x float> @llvm.fma.v8f32(<8 x float> %n, <8 x float> {_splat(2.12194440e-4)}, <8 x float> %r0)
+  %p0 = call <8 x float> @llvm.fma.v8f32(<8 x float> {_splat(1.9875691500e-4)}, <8 x float> %r, <8 x float> {_splat(1.3981999507e-3)})
+  %p1 = call <8 x float> @llvm.fma.v8f32(<8 x float> %p0, <8 x float> %r, <8 x float> {_splat(8.3334519073e-3)})
+  %p2 = call <8 x float> @llvm.fma.v8f32(<8 x float> %p1, <8 x float> %r, <8 x float> {_splat(4.1665795894e-2)})
+  %p3 = call <8 x float> @llvm.fma.v8f32(<8 x float> %p2, <8 x float> %r, <8 x float> {_splat(1.6666665459e-1)})
+  %p4 = call <8 x float> @llvm.fma.v8f32(<8 x float> %p3, <8 x float> %r, <8 x float> {_splat(5.0000001201e-1)})
+  %r2 = fmul <8 x float> %r, %r
+  %p5 = call <8 x float> @llvm.fma.v8f32(<8 x float> %p4, <8 x float> %r2, <8 x float> %r)
+  %e = fadd <8 x float> %p5, {_splat(1.0)}
+  %ni = fptosi <8 x float> %n to <8 x i32>
+  %nb = add <8 x i32> %ni, splat (i32 127)
+  %sh = shl <8 x i32> %nb, splat (i32 23)
+  %pw = bitcast <8 x i32> %sh to <8 x float>
+  %y = fmul <8 x float> %e, %pw
+  ret <8 x float> %y
+}}
+"""
+
+
+def _prep_ir(kind: int) -> str:
+    """attn_prep_<kind>(qkv, cos, sin, qkn, has_qkn, eps, seqs, N, H, Hkv, D, half, scale, qbuf, tmp):
+    per sequence, its query heads normed (optionally), rotated and scaled into qbuf [N, H, D]
+    float32, its key head(s) normed, rotated and written, its value head(s) written."""
+    k = _KIND_NAMES[kind]
+    L = [f"define internal void @attn_prep_{k}(ptr %qkv, ptr %cos, ptr %sin, ptr %qkn, i64 %has_qkn, "
+         "float %eps, ptr %seqs, i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %half, float %scale, ptr %qbuf, "
+         "ptr %tmp) {",
+         "entry:",
+         "  %nc = lshr i64 %D, 3",
+         "  %hD = lshr i64 %D, 1",
+         "  %Hq = add i64 %H, %Hkv",
+         "  %Hall = add i64 %Hq, %Hkv",
+         "  %rowlen = mul i64 %Hall, %D",
+         "  %Df = uitofp i64 %D to float",
+         "  %normed = icmp ne i64 %has_qkn, 0",
+         "  %halfstyle = icmp ne i64 %half, 0",
+         "  %scv0 = insertelement <8 x float> poison, float %scale, i32 0",
+         "  %scv = shufflevector <8 x float> %scv0, <8 x float> poison, <8 x i32> zeroinitializer",
+         "  br label %seq",
+         # ---- per sequence
+         "seq:",
+         "  %i = phi i64 [0, %entry], [%in, %seq_end]",
+         f"  %tb = mul i64 %i, {_SEQ_FIELDS}",
+         "  %t0p = getelementptr i64, ptr %seqs, i64 %tb",
+         "  %base_i = load i64, ptr %t0p",
+         "  %base = inttoptr i64 %base_i to ptr",
+         "  %t1p = getelementptr i64, ptr %t0p, i64 1",
+         "  %kvs = load i64, ptr %t1p",
+         "  %t2p = getelementptr i64, ptr %t0p, i64 2",
+         "  %hs = load i64, ptr %t2p",
+         "  %t3p = getelementptr i64, ptr %t0p, i64 3",
+         "  %ps = load i64, ptr %t3p",
+         "  %t4p = getelementptr i64, ptr %t0p, i64 4",
+         "  %start = load i64, ptr %t4p",
+         "  %slot = mul i64 %start, %ps",
+         "  %rowo = mul i64 %i, %rowlen",
+         "  %row = getelementptr float, ptr %qkv, i64 %rowo",
+         "  %tro = mul i64 %i, %D",
+         "  %cosr = getelementptr float, ptr %cos, i64 %tro",
+         "  %sinr = getelementptr float, ptr %sin, i64 %tro",
+         "  br label %head",
+         # ---- per head of the row
+         "head:",
+         "  %h = phi i64 [0, %seq], [%hn, %head_end]",
+         "  %ho = mul i64 %h, %D",
+         "  %src = getelementptr float, ptr %row, i64 %ho",
+         "  %isv = icmp uge i64 %h, %Hq",
+         "  br i1 %isv, label %val, label %qk",
+         # a value head: straight into the copy
+         "val:",
+         "  %vh = sub i64 %h, %Hq",
+         "  %vho = mul i64 %vh, %hs",
+         "  %vo0 = add i64 %kvs, %vho",
+         "  %vo = add i64 %vo0, %slot",
+         "  br label %vc",
+         "vc:",
+         "  %c_v = phi i64 [0, %val], [%cn_v, %vc]",
+         "  %e_v = shl i64 %c_v, 3",
+         "  %sp_v = getelementptr float, ptr %src, i64 %e_v",
+         "  %x_v = load <8 x float>, ptr %sp_v, align 4",
+         "  %di_v = add i64 %vo, %e_v",
+         *_store(kind, "%base", "%di_v", "%x_v", "sv"),
+         "  %cn_v = add i64 %c_v, 1",
+         "  %more_v = icmp ult i64 %cn_v, %nc",
+         "  br i1 %more_v, label %vc, label %head_end",
+         # a query or key head: the norm's factor first
+         "qk:",
+         "  br i1 %normed, label %ss, label %copy_pre",
+         "ss:",
+         "  %c_s = phi i64 [0, %qk], [%cn_s, %ss]",
+         "  %a_s = phi <8 x float> [zeroinitializer, %qk], [%an_s, %ss]",
+         "  %e_s = shl i64 %c_s, 3",
+         "  %sp_s = getelementptr float, ptr %src, i64 %e_s",
+         "  %x_s = load <8 x float>, ptr %sp_s, align 4",
+         "  %an_s = call <8 x float> @llvm.fma.v8f32(<8 x float> %x_s, <8 x float> %x_s, <8 x float> %a_s)",
+         "  %cn_s = add i64 %c_s, 1",
+         "  %more_s = icmp ult i64 %cn_s, %nc",
+         "  br i1 %more_s, label %ss, label %ss_done",
+         "ss_done:",
+         *_hsum("%an_s", "%sumsq", "hq"),
+         "  %mean = fdiv float %sumsq, %Df",
+         "  %me = fadd float %mean, %eps",
+         "  %rt = call float @llvm.sqrt.f32(float %me)",
+         "  %rinv = fdiv float 1.0, %rt",
+         "  br label %copy_pre",
+         "copy_pre:",
+         "  %f = phi float [1.0, %qk], [%rinv, %ss_done]",
+         "  %fv0 = insertelement <8 x float> poison, float %f, i32 0",
+         "  %fv = shufflevector <8 x float> %fv0, <8 x float> poison, <8 x i32> zeroinitializer",
+         "  %wo = mul i64 %h, %D",
+         "  br label %cp",
+         "cp:",
+         "  %c_c = phi i64 [0, %copy_pre], [%cn_c, %cp_next]",
+         "  %e_c = shl i64 %c_c, 3",
+         "  %sp_c = getelementptr float, ptr %src, i64 %e_c",
+         "  %x_c = load <8 x float>, ptr %sp_c, align 4",
+         "  %y_c = fmul <8 x float> %x_c, %fv",
+         "  br i1 %normed, label %cpw, label %cp_next",
+         "cpw:",
+         "  %wi_c = add i64 %wo, %e_c",
+         "  %wp_c = getelementptr float, ptr %qkn, i64 %wi_c",
+         "  %w_c = load <8 x float>, ptr %wp_c, align 4",
+         "  %yw_c = fmul <8 x float> %y_c, %w_c",
+         "  br label %cp_next",
+         "cp_next:",
+         "  %z_c = phi <8 x float> [%y_c, %cp], [%yw_c, %cpw]",
+         "  %tp_c = getelementptr float, ptr %tmp, i64 %e_c",
+         "  store <8 x float> %z_c, ptr %tp_c, align 4",
+         "  %cn_c = add i64 %c_c, 1",
+         "  %more_c = icmp ult i64 %cn_c, %nc",
+         "  br i1 %more_c, label %cp, label %rope_pre",
+         # RoPE from tmp: a query head into qbuf (scaled), a key head into the copy
+         "rope_pre:",
+         "  %isq = icmp ult i64 %h, %H",
+         "  %kh = sub i64 %h, %H",
+         "  %kho = mul i64 %kh, %hs",
+         "  %ko = add i64 %kho, %slot",
+         "  %qi0 = mul i64 %i, %H",
+         "  %qi1 = add i64 %qi0, %h",
+         "  %qo = mul i64 %qi1, %D",
+         "  br label %rp",
+         "rp:",
+         "  %c_r = phi i64 [0, %rope_pre], [%cn_r, %rp_next]",
+         "  %e_r = shl i64 %c_r, 3",
+         "  %tp_r = getelementptr float, ptr %tmp, i64 %e_r",
+         "  %x_r = load <8 x float>, ptr %tp_r, align 4",
+         "  %pe0 = add i64 %e_r, %hD",
+         "  %pwrap = icmp uge i64 %pe0, %D",
+         "  %pe1 = sub i64 %pe0, %D",
+         "  %pe = select i1 %pwrap, i64 %pe1, i64 %pe0",
+         "  %pp_r = getelementptr float, ptr %tmp, i64 %pe",
+         "  %xh_r = load <8 x float>, ptr %pp_r, align 4",
+         "  %xi_r = shufflevector <8 x float> %x_r, <8 x float> poison, <8 x i32> <i32 1, i32 0, i32 3, i32 2, i32 5, i32 4, i32 7, i32 6>",
+         "  %xp_r = select i1 %halfstyle, <8 x float> %xh_r, <8 x float> %xi_r",
+         "  %cs_p = getelementptr float, ptr %cosr, i64 %e_r",
+         "  %cs = load <8 x float>, ptr %cs_p, align 4",
+         "  %sn_p = getelementptr float, ptr %sinr, i64 %e_r",
+         "  %sn = load <8 x float>, ptr %sn_p, align 4",
+         "  %xc = fmul <8 x float> %x_r, %cs",
+         "  %ro = call <8 x float> @llvm.fma.v8f32(<8 x float> %xp_r, <8 x float> %sn, <8 x float> %xc)",
+         "  br i1 %isq, label %rq, label %rk",
+         "rq:",
+         "  %rs = fmul <8 x float> %ro, %scv",
+         "  %qd0 = add i64 %qo, %e_r",
+         "  %qd = getelementptr float, ptr %qbuf, i64 %qd0",
+         "  store <8 x float> %rs, ptr %qd, align 4",
+         "  br label %rp_next",
+         "rk:",
+         "  %kd = add i64 %ko, %e_r",
+         *_store(kind, "%base", "%kd", "%ro", "sk"),
+         "  br label %rp_next",
+         "rp_next:",
+         "  %cn_r = add i64 %c_r, 1",
+         "  %more_r = icmp ult i64 %cn_r, %nc",
+         "  br i1 %more_r, label %rp, label %head_end",
+         "head_end:",
+         "  %hn = add i64 %h, 1",
+         "  %hmore = icmp ult i64 %hn, %Hall",
+         "  br i1 %hmore, label %head, label %seq_end",
+         "seq_end:",
+         "  %in = add i64 %i, 1",
+         "  %imore = icmp ult i64 %in, %N",
+         "  br i1 %imore, label %seq, label %done",
+         "done:",
+         "  ret void",
+         "}"]
+    return "\n".join(L)
+
+
+def _item_ir(kind: int) -> str:
+    """attn_item_<kind>(q, base, koff, voff, ps, seen, D, sbuf, out): one query head's
+    attention over `seen` positions of its KV head (keys at base[koff + t * ps], values at
+    base[voff + t * ps]); q float32 [D] already scaled, sbuf [seen rounded up to 8]."""
+    k = _KIND_NAMES[kind]
+    lanes = ", ".join(f"i64 {j}" for j in range(8))
+    L = [f"define internal void @attn_item_{k}(ptr %q, ptr %base, i64 %koff, i64 %voff, i64 %ps, "
+         "i64 %seen, i64 %D, ptr %sbuf, ptr %out) {",
+         "entry:",
+         "  %nc = lshr i64 %D, 3",
+         "  %nblk = lshr i64 %D, 5",
+         # scores and their maximum: four keys a step (four independent chains of
+         # multiply-adds: one chain waits on each add's latency), then one at a time
+         "  %seen4 = and i64 %seen, -4",
+         "  %any4 = icmp ugt i64 %seen4, 0",
+         "  br i1 %any4, label %s4, label %s1_pre",
+         "s4:",
+         "  %j4 = phi i64 [0, %entry], [%j4n, %s4_end]",
+         "  %m4 = phi float [0xFFF0000000000000, %entry], [%m4n, %s4_end]",
+         *[f"  %kr4_{u}a = add i64 %j4, {u}" for u in range(4)],
+         *[f"  %kr4_{u}b = mul i64 %kr4_{u}a, %ps" for u in range(4)],
+         *[f"  %kr4_{u} = add i64 %kr4_{u}b, %koff" for u in range(4)],
+         "  br label %c4",
+         "c4:",
+         "  %c4i = phi i64 [0, %s4], [%c4n, %c4]",
+         *[f"  %a4_{u} = phi <8 x float> [zeroinitializer, %s4], [%a4n_{u}, %c4]" for u in range(4)],
+         "  %e4 = shl i64 %c4i, 3",
+         "  %q4p = getelementptr float, ptr %q, i64 %e4",
+         "  %q4 = load <8 x float>, ptr %q4p, align 4",
+         *[line for u in range(4) for line in (
+             [f"  %ke4_{u} = add i64 %kr4_{u}, %e4"]
+             + _load(kind, "%base", f"%ke4_{u}", f"%kv4_{u}")
+             + [f"  %a4n_{u} = call <8 x float> @llvm.fma.v8f32(<8 x float> %q4, <8 x float> %kv4_{u}, <8 x float> %a4_{u})"])],
+         "  %c4n = add i64 %c4i, 1",
+         "  %c4more = icmp ult i64 %c4n, %nc",
+         "  br i1 %c4more, label %c4, label %s4_end",
+         "s4_end:",
+         *[line for u in range(4) for line in _hsum(f"%a4n_{u}", f"%s4_{u}", f"h4{u}")],
+         *[line for u in range(4) for line in (
+             f"  %sj4_{u} = add i64 %j4, {u}",
+             f"  %sp4_{u} = getelementptr float, ptr %sbuf, i64 %sj4_{u}",
+             f"  store float %s4_{u}, ptr %sp4_{u}, align 4")],
+         "  %m4a = call float @llvm.maxnum.f32(float %s4_0, float %s4_1)",
+         "  %m4b = call float @llvm.maxnum.f32(float %s4_2, float %s4_3)",
+         "  %m4c = call float @llvm.maxnum.f32(float %m4a, float %m4b)",
+         "  %m4n = call float @llvm.maxnum.f32(float %m4, float %m4c)",
+         "  %j4n = add i64 %j4, 4",
+         "  %j4more = icmp ult i64 %j4n, %seen4",
+         "  br i1 %j4more, label %s4, label %s1_pre",
+         "s1_pre:",
+         "  %m1 = phi float [0xFFF0000000000000, %entry], [%m4n, %s4_end]",
+         "  %rest = icmp ult i64 %seen4, %seen",
+         "  br i1 %rest, label %sj, label %soft_pre",
+         "sj:",
+         "  %j = phi i64 [%seen4, %s1_pre], [%jn, %sj_end]",
+         "  %m = phi float [%m1, %s1_pre], [%mn, %sj_end]",
+         "  %kr0 = mul i64 %j, %ps",
+         "  %kr = add i64 %kr0, %koff",
+         "  br label %sc",
+         "sc:",
+         "  %c = phi i64 [0, %sj], [%cn, %sc]",
+         "  %acc = phi <8 x float> [zeroinitializer, %sj], [%accn, %sc]",
+         "  %e = shl i64 %c, 3",
+         "  %qp = getelementptr float, ptr %q, i64 %e",
+         "  %qv = load <8 x float>, ptr %qp, align 4",
+         "  %ke = add i64 %kr, %e",
+         *_load(kind, "%base", "%ke", "%kv"),
+         "  %accn = call <8 x float> @llvm.fma.v8f32(<8 x float> %qv, <8 x float> %kv, <8 x float> %acc)",
+         "  %cn = add i64 %c, 1",
+         "  %cmore = icmp ult i64 %cn, %nc",
+         "  br i1 %cmore, label %sc, label %sj_end",
+         "sj_end:",
+         *_hsum("%accn", "%s", "hs"),
+         "  %sp = getelementptr float, ptr %sbuf, i64 %j",
+         "  store float %s, ptr %sp, align 4",
+         "  %mn = call float @llvm.maxnum.f32(float %m, float %s)",
+         "  %jn = add i64 %j, 1",
+         "  %jmore = icmp ult i64 %jn, %seen",
+         "  br i1 %jmore, label %sj, label %soft_pre",
+         # exp(s - max), zero past `seen`, and their sum
+         "soft_pre:",
+         "  %mx = phi float [%m1, %s1_pre], [%mn, %sj_end]",
+         "  %mv0 = insertelement <8 x float> poison, float %mx, i32 0",
+         "  %mv = shufflevector <8 x float> %mv0, <8 x float> poison, <8 x i32> zeroinitializer",
+         "  %sv0 = insertelement <8 x i64> poison, i64 %seen, i32 0",
+         "  %seenv = shufflevector <8 x i64> %sv0, <8 x i64> poison, <8 x i32> zeroinitializer",
+         "  br label %soft",
+         "soft:",
+         "  %b = phi i64 [0, %soft_pre], [%bn, %soft]",
+         "  %l = phi <8 x float> [zeroinitializer, %soft_pre], [%ln, %soft]",
+         "  %bp = getelementptr float, ptr %sbuf, i64 %b",
+         "  %bv = load <8 x float>, ptr %bp, align 4",
+         "  %bd = fsub <8 x float> %bv, %mv",
+         "  %be = call <8 x float> @attn_exp8(<8 x float> %bd)",
+         "  %bi0 = insertelement <8 x i64> poison, i64 %b, i32 0",
+         "  %bi = shufflevector <8 x i64> %bi0, <8 x i64> poison, <8 x i32> zeroinitializer",
+         f"  %idx = add <8 x i64> %bi, <{lanes}>",
+         "  %ok = icmp ult <8 x i64> %idx, %seenv",
+         "  %pz = select <8 x i1> %ok, <8 x float> %be, <8 x float> zeroinitializer",
+         "  store <8 x float> %pz, ptr %bp, align 4",
+         "  %ln = fadd <8 x float> %l, %pz",
+         "  %bn = add i64 %b, 8",
+         "  %bmore = icmp ult i64 %bn, %seen",
+         "  br i1 %bmore, label %soft, label %soft_done",
+         "soft_done:",
+         *_hsum("%ln", "%lsum", "hl"),
+         "  %inv = fdiv float 1.0, %lsum",
+         "  %iv0 = insertelement <8 x float> poison, float %inv, i32 0",
+         "  %iv = shufflevector <8 x float> %iv0, <8 x float> poison, <8 x i32> zeroinitializer",
+         "  br label %blk",
+         # the values' weighted sum, 32 lanes of the head at a time
+         "blk:",
+         "  %k = phi i64 [0, %soft_done], [%kn, %blk_end]",
+         "  %ko = shl i64 %k, 5",
+         "  br label %vj",
+         "vj:",
+         "  %t = phi i64 [0, %blk], [%tn, %vj]"]
+    L += [f"  %o{u} = phi <8 x float> [zeroinitializer, %blk], [%on{u}, %vj]" for u in range(4)]
+    L += ["  %pp = getelementptr float, ptr %sbuf, i64 %t",
+          "  %p = load float, ptr %pp, align 4",
+          "  %pv0 = insertelement <8 x float> poison, float %p, i32 0",
+          "  %pv = shufflevector <8 x float> %pv0, <8 x float> poison, <8 x i32> zeroinitializer",
+          "  %vr0 = mul i64 %t, %ps",
+          "  %vr1 = add i64 %vr0, %voff",
+          "  %vr = add i64 %vr1, %ko"]
+    for u in range(4):
+        L += [f"  %ve{u} = add i64 %vr, {8 * u}"]
+        L += _load(kind, "%base", f"%ve{u}", f"%vv{u}")
+        L += [f"  %on{u} = call <8 x float> @llvm.fma.v8f32(<8 x float> %pv, <8 x float> %vv{u}, <8 x float> %o{u})"]
+    L += ["  %tn = add i64 %t, 1",
+          "  %tmore = icmp ult i64 %tn, %seen",
+          "  br i1 %tmore, label %vj, label %blk_end",
+          "blk_end:"]
+    for u in range(4):
+        L += [f"  %r{u} = fmul <8 x float> %on{u}, %iv",
+              f"  %oi{u} = add i64 %ko, {8 * u}",
+              f"  %op{u} = getelementptr float, ptr %out, i64 %oi{u}",
+              f"  store <8 x float> %r{u}, ptr %op{u}, align 4"]
+    L += ["  %kn = add i64 %k, 1",
+          "  %kmore = icmp ult i64 %kn, %nblk",
+          "  br i1 %kmore, label %blk, label %fin",
+          "fin:",
+          "  ret void",
+          "}"]
+    return "\n".join(L)
+
+
+# The parallel part's arguments: seqs, N, H, Hkv, D, kind, qbuf, sbufs, sbuf_len, out.
+_ARGS = "%attn_args = type { ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr }"
+_ARG_TYPES = ("ptr", "i64", "i64", "i64", "i64", "i64", "ptr", "ptr", "i64", "ptr")
+_ARG_NAMES = ("seqs", "N", "H", "Hkv", "D", "kind", "qbuf", "sbufs", "sbuf_len", "out")
+
+
+def _work_ir() -> str:
+    """attn_work(args, tid, nth): items tid, tid + nth, ... of the N * H (sequence, head)."""
+    L = ["define internal void @attn_work(ptr %argp, i64 %tid, i64 %nth) {", "entry:"]
+    for i, (ty, name) in enumerate(zip(_ARG_TYPES, _ARG_NAMES)):
+        L += [f"  %{name}_p = getelementptr %attn_args, ptr %argp, i32 0, i32 {i}",
+              f"  %{name} = load {ty}, ptr %{name}_p"]
+    L += ["  %items = mul i64 %N, %H",
+          "  %G = udiv i64 %H, %Hkv",
+          "  %sbo = mul i64 %tid, %sbuf_len",
+          "  %sbuf = getelementptr float, ptr %sbufs, i64 %sbo",
+          "  %any = icmp ult i64 %tid, %items",
+          "  br i1 %any, label %item, label %fin",
+          "item:",
+          "  %it = phi i64 [%tid, %entry], [%itn, %item_end]",
+          "  %i = udiv i64 %it, %H",
+          "  %h = urem i64 %it, %H",
+          f"  %tb = mul i64 %i, {_SEQ_FIELDS}",
+          "  %t0p = getelementptr i64, ptr %seqs, i64 %tb"]
+    for f, name in enumerate(("base_i", "kvs", "hs", "ps", "start", "first", "seen_t")):
+        L += [f"  %f{f}p = getelementptr i64, ptr %t0p, i64 {f}",
+              f"  %{name} = load i64, ptr %f{f}p"]
+    L += ["  %over = icmp ugt i64 %seen_t, %sbuf_len",  # (never, from `plan`: the scores' buffer bounds it)
+          "  %seen = select i1 %over, i64 %sbuf_len, i64 %seen_t",
+          "  %base = inttoptr i64 %base_i to ptr",
+          "  %kvh = udiv i64 %h, %G",
+          "  %kh = mul i64 %kvh, %hs",
+          "  %fo = mul i64 %first, %ps",
+          "  %koff = add i64 %kh, %fo",
+          "  %voff = add i64 %koff, %kvs",
+          "  %qo0 = mul i64 %i, %H",
+          "  %qo1 = add i64 %qo0, %h",
+          "  %qo = mul i64 %qo1, %D",
+          "  %qp = getelementptr float, ptr %qbuf, i64 %qo",
+          "  %op = getelementptr float, ptr %out, i64 %qo",
+          "  switch i64 %kind, label %item_end [ i64 0, label %k0 i64 1, label %k1 i64 2, label %k2 ]"]
+    for kind, name in _KIND_NAMES.items():
+        L += [f"k{kind}:",
+              f"  call void @attn_item_{name}(ptr %qp, ptr %base, i64 %koff, i64 %voff, i64 %ps, "
+              "i64 %seen, i64 %D, ptr %sbuf, ptr %op)",
+              "  br label %item_end"]
+    L += ["item_end:",
+          "  %itn = add i64 %it, %nth",
+          "  %more = icmp ult i64 %itn, %items",
+          "  br i1 %more, label %item, label %fin",
+          "fin:",
+          "  ret void",
+          "}"]
+    return "\n".join(L)
+
+
+def _driver_ir(threaded: bool) -> str:
+    """attend(qkv, cos, sin, qkn, has_qkn, eps, seqs, N, H, Hkv, D, half, kind, scale, qbuf,
+    tmp, sbufs, sbuf_len, out, threads): the writes and rotations on the calling thread, then
+    every (sequence, head) on torch's OpenMP pool when `threaded`."""
+    if threaded:
+        run = ["  call void @GOMP_parallel(ptr @attn_omp_body, ptr %a, i32 %threads, i32 0)"]
+        extra = """
+define internal void @attn_omp_body(ptr %argp) {
+entry:
+  %t = call i32 @omp_get_thread_num()
+  %n = call i32 @omp_get_num_threads()
+  %t64 = zext i32 %t to i64
+  %n64 = zext i32 %n to i64
+  call void @attn_work(ptr %argp, i64 %t64, i64 %n64)
+  ret void
+}
+"""
+    else:
+        run = ["  call void @attn_work(ptr %a, i64 0, i64 1)"]
+        extra = ""
+    prep_args = ("ptr %qkv, ptr %cos, ptr %sin, ptr %qkn, i64 %has_qkn, float %eps, ptr %seqs, "
+                 "i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %half, float %scale, ptr %qbuf, ptr %tmp")
+    L = ["define void @attend(ptr %qkv, ptr %cos, ptr %sin, ptr %qkn, i64 %has_qkn, float %eps, "
+         "ptr %seqs, i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %half, i64 %kind, float %scale, "
+         "ptr %qbuf, ptr %tmp, ptr %sbufs, i64 %sbuf_len, ptr %out, i32 %threads) {",
+         "entry:",
+         "  switch i64 %kind, label %go [ i64 0, label %p0 i64 1, label %p1 i64 2, label %p2 ]"]
+    for kind, name in _KIND_NAMES.items():
+        L += [f"p{kind}:", f"  call void @attn_prep_{name}({prep_args})", "  br label %go"]
+    L += ["go:", "  %a = alloca %attn_args"]
+    for i, (ty, name) in enumerate(zip(_ARG_TYPES, _ARG_NAMES)):
+        L += [f"  %s{i} = getelementptr %attn_args, ptr %a, i32 0, i32 {i}",
+              f"  store {ty} %{name}, ptr %s{i}"]
+    L += [*run, "  ret void", "}"]
+    return extra + "\n".join(L)
+
+
+def attention_ir(threaded: bool, declared: str) -> str:
+    """This kernel's part of the module; `declared` is the rest of it (declarations it
+    shares are not repeated)."""
+    header = "\n".join(line for line in _DECLARE.strip().splitlines()
+                       if line.split("(")[0] + "(" not in declared)
+    parts = [header, _ARGS, _EXP]
+    parts += [_prep_ir(kind) for kind in _KIND_NAMES]
+    parts += [_item_ir(kind) for kind in _KIND_NAMES]
+    parts += [_work_ir(), _driver_ir(threaded)]
+    return "\n".join(parts)
+
+
+# ---- calling it -------------------------------------------------------------------------------
+
+
+def fits(head_dim: int) -> bool:
+    """Whether heads of `head_dim` can be attended here: whole blocks of 32 lanes."""
+    return head_dim > 0 and head_dim % 32 == 0
+
+
+def serves(layer) -> bool:
+    """Whether `layer`'s decode passes attend here (in the scripted step and its Python
+    alike): its products multiply 8-bit activations (the format that compiled the kernel),
+    its heads fit, RoPE covers them, no soft-capping, and QK-norm (if any) is joined."""
+    c = layer.cfg
+    joined_norm = layer.q_norm is None and layer.k_norm is None or (
+        layer.qk_norm is not None and layer._qk_norm_of
+        and layer._qk_norm_of[0] is layer.q_norm and layer._qk_norm_of[1] is layer.k_norm)
+    return bool(layer.fmt.int8_acts and fits(c.head_dim) and layer.rope.rotary_dim == c.head_dim
+                and c.attn_softcap is None and joined_norm and c.n_heads % c.n_kv_heads == 0
+                and layer.attn_norm is not None and layer.attn_norm.device.type == "cpu"
+                and int8_products.kernel() is not None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pass's sequences as the kernel reads them, made once a pass (`plan`): per layer a
+    table [N, 7] int64 (a sequence's row: the address of its copy's layer, the strides
+    between keys and values, heads and positions, in elements, then the position it writes,
+    the first it sees and how many), the copies' dtype (`KV_KINDS`), the most positions any
+    sequence sees, and the threads to run on."""
+
+    tables: list
+    kind: int
+    longest: int
+    threads: int
+
+
+def plan(datas: list[torch.Tensor], starts: list[int], firsts: list[int], seens: list[int],
+         layers: list[int], H: int, Hkv: int, D: int) -> Plan:
+    """The tables for `layers` (indices into each copy) of sequences whose copies are
+    datas[i] [n_layers, 2, Hkv, capacity, D], writing position starts[i] and seeing seens[i]
+    positions from firsts[i] (the KV view's `decode_plan`). Every bound the kernel relies on
+    is checked here: it trusts the tables it is given."""
+    N = len(datas)
+    if not N or not (len(starts) == len(firsts) == len(seens) == N):
+        raise ValueError("decode_attention: one KV copy, start, first and seen a sequence")
+    dtype = datas[0].dtype
+    kind = KV_KINDS.get(dtype)
+    rows, steps = [], []
+    for data, start, first, seen in zip(datas, starts, firsts, seens):
+        if data.dtype != dtype or kind is None or data.dim() != 5 or data.shape[1] != 2 \
+                or data.shape[2] != Hkv or data.shape[4] != D or data.stride(4) != 1 \
+                or data.device.type != "cpu":
+            raise ValueError("decode_attention: a KV copy must be [n_layers, 2, Hkv, capacity, D] "
+                             "of float32, bfloat16 or float16 on the CPU, all of one dtype")
+        if not (0 <= start < data.shape[3] and seen >= 1 and first >= 0 and first + seen <= data.shape[3]
+                and all(0 <= layer < data.shape[0] for layer in layers)):
+            raise ValueError("decode_attention: positions or layers outside the KV copy")
+        rows.append([data.data_ptr(), data.stride(1), data.stride(2), data.stride(3), start, first, seen])
+        steps.append(data.stride(0) * data.element_size())
+    template = torch.tensor(rows, dtype=torch.int64)
+    offsets = torch.tensor(layers, dtype=torch.int64)[:, None] * torch.tensor(steps, dtype=torch.int64)
+    tables = template.repeat(len(layers), 1, 1)
+    tables[:, :, 0] += offsets
+    longest = max(seens)
+    k = int8_products.kernel()
+    threads = torch.get_num_threads() if k is not None and k.threaded \
+        and sum(seens) * H * D >= _PARALLEL_WORK else 1
+    return Plan(list(tables.unbind(0)), kind, longest, threads)
+
+
+def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: torch.Tensor,
+           table: torch.Tensor, H: int, Hkv: int, D: int, half: bool, kind: int, longest: int,
+           threads: int, eps: float, scale: float) -> torch.Tensor:
+    """qkv [N, (H + 2 Hkv) * D] float32 (a decode pass's product, one row a sequence),
+    cos, sin [N, D] float32 (`RopeSpec.rotation`'s, sin signed), qk_norm [H + Hkv, D]
+    float32 or empty; `table` one layer's of a `Plan` (and its kind, longest, threads):
+    each sequence's key and value are written into its copy and its queries attend
+    -> [N, H * D] float32, query head h at columns h * D."""
+    k = int8_products.kernel()
+    if k is None:
+        raise RuntimeError(f"The decode attention kernel is not available: {int8_products.unavailable_reason()}")
+    N = qkv.shape[0]
+    if not (qkv.dtype == torch.float32 and qkv.is_contiguous() and qkv.dim() == 2
+            and qkv.shape[1] == (H + 2 * Hkv) * D and fits(D) and Hkv > 0 and H % Hkv == 0):
+        raise ValueError("decode_attention: qkv must be float32 [N, (H + 2 Hkv) * D], D a multiple of 32")
+    if not (cos.dtype == sin.dtype == torch.float32 and cos.numel() == sin.numel() == N * D
+            and cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("decode_attention: cos and sin must be float32 [N, D]")
+    has_norm = qk_norm.numel() > 0
+    if has_norm and not (qk_norm.dtype == torch.float32 and qk_norm.is_contiguous()
+                         and qk_norm.numel() == (H + Hkv) * D):
+        raise ValueError("decode_attention: qk_norm must be float32 [H + Hkv, D]")
+    if not (table.dtype == torch.int64 and table.is_contiguous() and table.shape == (N, _SEQ_FIELDS)
+            and kind in _KIND_NAMES and longest >= 1 and threads >= 1):
+        raise ValueError("decode_attention: a table [N, 7] from `decode_attention.plan`")
+    sbuf_len = (longest + 7) // 8 * 8
+    qbuf_floats = N * H * D
+    scratch = int8_products._scratch(4 * (qbuf_floats + D + threads * sbuf_len))
+    base = scratch.data_ptr()
+    out = torch.empty(N, H * D, dtype=torch.float32)
+    k.attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), qk_norm.data_ptr() if has_norm else 0,
+             int(has_norm), eps, table.data_ptr(), N, H, Hkv, D, int(half), kind, scale,
+             base, base + 4 * qbuf_floats, base + 4 * (qbuf_floats + D), sbuf_len, out.data_ptr(),
+             threads)
+    return out
+
+
+def reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: torch.Tensor,
+              datas: list[torch.Tensor], layer: int, starts: list[int], firsts: list[int],
+              seens: list[int], H: int, Hkv: int, D: int, half: bool, eps: float,
+              scale: float) -> torch.Tensor:
+    """`attend` in float64 torch operations, for tests: it writes the copies as `attend` does
+    (rounded to their dtype) and returns the attention in float64."""
+    N = qkv.shape[0]
+    G = H // Hkv
+    outs = []
+    for i in range(N):
+        row = qkv[i].double().view(H + 2 * Hkv, D)
+        qk, v = row[:H + Hkv], row[H + Hkv:]
+        if qk_norm.numel():
+            qk = qk / torch.sqrt(qk.pow(2).mean(-1, keepdim=True) + eps) * qk_norm.double()
+        swap = torch.arange(D).roll(D // 2) if half else torch.arange(D) ^ 1
+        qk = qk * cos.reshape(N, D)[i].double() + qk[:, swap] * sin.reshape(N, D)[i].double()
+        both = datas[i][layer]
+        both[0, :, starts[i]] = qk[H:].to(both.dtype)
+        both[1, :, starts[i]] = v.to(both.dtype)
+        keys = both[0, :, firsts[i]:firsts[i] + seens[i]].double()
+        values = both[1, :, firsts[i]:firsts[i] + seens[i]].double()
+        q = qk[:H] * scale
+        heads = []
+        for h in range(H):
+            scores = keys[h // G] @ q[h]
+            heads.append(torch.softmax(scores, -1) @ values[h // G])
+        outs.append(torch.cat(heads))
+    return torch.stack(outs)
+
+
+# The call as a torch operator, for TorchScript (`app.models.decode_step`).
+_LIBRARY = torch.library.Library("ferrox", "FRAGMENT")
+_LIBRARY.define("decode_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor qk_norm, Tensor table, "
+                "int H, int Hkv, int D, bool half, int kind, int longest, int threads, float eps, "
+                "float scale) -> Tensor")
+_LIBRARY.impl("decode_attention", attend, "CPU")
+

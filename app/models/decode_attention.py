@@ -9,20 +9,24 @@ a layer and sequence (the RoPE gather and multiply-add, two cache writes, views,
 queries' conversion, SDPA), each a dispatch of a few microseconds. Measured on a 2-core Xeon
 with torch's AVX2 kernels, SmolLM2: the step without the block ran ~68 us a layer faster for
 one sequence and ~190 us for four (docs/performance.md); this call does it in one dispatch
-whatever the number of sequences (~14 us for one sequence over 60 keys, ~40 for four over
-120).
+whatever the number of sequences, and over 4,000 keys it is faster than SDPA alone (SmolLM2's
+heads 162 against 222 us, Gemma 3's 220 against 268).
 
 The arithmetic, per sequence i and query head h (KV head h // (H / Hkv)):
     q, k   = the product's row (QK-norm: x * 1 / sqrt(mean(x^2) + eps) * weight per head)
              rotated: y_j = x_j * cos_j + x_partner(j) * sin_j (sin signed, as
              `RopeSpec.rotation` gives it; partner j + D/2 mod D, or j ^ 1 interleaved)
-    k, v   -> the copy's slot `start` (float32, bfloat16 rounded to nearest even, float16)
+    k, v   -> the copy's slot `start` (float32, or bfloat16 rounded to nearest even)
     s_t    = (q * scale) . k_t over the `seen` positions from `first`
     out    = sum_t exp(s_t - max s) v_t / sum_t exp(s_t - max s)     (float32 throughout)
-exp is Cephes' expf polynomial (`_EXP`), not libm's, so the machine code needs no symbol
-beyond OpenMP's. Each (sequence, head) is computed alone, in one fixed order,
-on whichever thread: batching and thread counts change no bit (tests/models/
-test_decode_attention.py holds this, and the result to a float64 reference).
+The keys are taken in parts of PART_KEYS, each part of each KV head a work item on torch's
+OpenMP threads that serves all the query heads sharing that KV head (each key and value is
+loaded and widened once for them), and the parts are merged in order after (`_merge_ir`:
+out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c, flash-decoding's split). The parts
+depend on a sequence's own length only, and each is computed in one fixed order on whichever
+thread: batching and thread counts change no bit (tests/models/test_decode_attention.py
+holds this, and the result to a float64 reference). exp is Cephes' expf polynomial (`_EXP`),
+not libm's, so the machine code needs no symbol beyond OpenMP's.
 
 It serves decode passes only (one new token a sequence, the KV view's `decode_plan`), in the
 scripted step and the layers' Python alike (`DecoderLayer.attention`), so the two stay
@@ -38,9 +42,10 @@ import torch
 
 from app.models import int8_products  # (defines the ferrox operator library first)
 
-# KV copy dtypes the kernel reads and writes, by the code its IR switches on.
-KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_KIND_NAMES = {0: "f32", 1: "bf16", 2: "f16"}
+# KV copy dtypes the kernel reads and writes, by the code its IR switches on: the CPU
+# policy's two (each dtype is 8 more functions to compile; a float16 copy attends with SDPA).
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1}
+_KIND_NAMES = {0: "f32", 1: "bf16"}
 _SEQ_FIELDS = 7  # a sequence's row of the table: base, kv, head and position strides, start, first, seen
 # Below this many multiply-adds (sum of seen x H x D) one thread does the work: a parallel
 # region costs a few microseconds, more than a short context's whole attention.
@@ -52,6 +57,7 @@ declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
 declare <8 x float> @llvm.rint.v8f32(<8 x float>)
 declare <8 x float> @llvm.maxnum.v8f32(<8 x float>, <8 x float>)
 declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.fma.f32(float, float, float)
 """
 
 
@@ -61,15 +67,11 @@ def _load(kind: int, ptr: str, index: str, out: str) -> list[str]:
     if kind == 0:
         return [f"  %{t}_p = getelementptr float, ptr {ptr}, i64 {index}",
                 f"  {out} = load <8 x float>, ptr %{t}_p, align 4"]
-    if kind == 1:
-        return [f"  %{t}_p = getelementptr i16, ptr {ptr}, i64 {index}",
-                f"  %{t}_h = load <8 x i16>, ptr %{t}_p, align 2",
-                f"  %{t}_w = zext <8 x i16> %{t}_h to <8 x i32>",
-                f"  %{t}_s = shl <8 x i32> %{t}_w, splat (i32 16)",
-                f"  {out} = bitcast <8 x i32> %{t}_s to <8 x float>"]
-    return [f"  %{t}_p = getelementptr half, ptr {ptr}, i64 {index}",
-            f"  %{t}_h = load <8 x half>, ptr %{t}_p, align 2",
-            f"  {out} = fpext <8 x half> %{t}_h to <8 x float>"]
+    return [f"  %{t}_p = getelementptr i16, ptr {ptr}, i64 {index}",
+            f"  %{t}_h = load <8 x i16>, ptr %{t}_p, align 2",
+            f"  %{t}_w = zext <8 x i16> %{t}_h to <8 x i32>",
+            f"  %{t}_s = shl <8 x i32> %{t}_w, splat (i32 16)",
+            f"  {out} = bitcast <8 x i32> %{t}_s to <8 x float>"]
 
 
 def _store(kind: int, ptr: str, index: str, value: str, tag: str) -> list[str]:
@@ -78,21 +80,17 @@ def _store(kind: int, ptr: str, index: str, value: str, tag: str) -> list[str]:
     if kind == 0:
         return [f"  %{tag}_p = getelementptr float, ptr {ptr}, i64 {index}",
                 f"  store <8 x float> {value}, ptr %{tag}_p, align 4"]
-    if kind == 1:
-        return [f"  %{tag}_b = bitcast <8 x float> {value} to <8 x i32>",
-                f"  %{tag}_l = lshr <8 x i32> %{tag}_b, splat (i32 16)",
-                f"  %{tag}_o = and <8 x i32> %{tag}_l, splat (i32 1)",
-                f"  %{tag}_r0 = add <8 x i32> %{tag}_b, splat (i32 32767)",
-                f"  %{tag}_r1 = add <8 x i32> %{tag}_r0, %{tag}_o",
-                f"  %{tag}_hi = lshr <8 x i32> %{tag}_r1, splat (i32 16)",
-                f"  %{tag}_nan = fcmp uno <8 x float> {value}, {value}",
-                f"  %{tag}_sel = select <8 x i1> %{tag}_nan, <8 x i32> splat (i32 32704), <8 x i32> %{tag}_hi",
-                f"  %{tag}_t = trunc <8 x i32> %{tag}_sel to <8 x i16>",
-                f"  %{tag}_p = getelementptr i16, ptr {ptr}, i64 {index}",
-                f"  store <8 x i16> %{tag}_t, ptr %{tag}_p, align 2"]
-    return [f"  %{tag}_t = fptrunc <8 x float> {value} to <8 x half>",
-            f"  %{tag}_p = getelementptr half, ptr {ptr}, i64 {index}",
-            f"  store <8 x half> %{tag}_t, ptr %{tag}_p, align 2"]
+    return [f"  %{tag}_b = bitcast <8 x float> {value} to <8 x i32>",
+            f"  %{tag}_l = lshr <8 x i32> %{tag}_b, splat (i32 16)",
+            f"  %{tag}_o = and <8 x i32> %{tag}_l, splat (i32 1)",
+            f"  %{tag}_r0 = add <8 x i32> %{tag}_b, splat (i32 32767)",
+            f"  %{tag}_r1 = add <8 x i32> %{tag}_r0, %{tag}_o",
+            f"  %{tag}_hi = lshr <8 x i32> %{tag}_r1, splat (i32 16)",
+            f"  %{tag}_nan = fcmp uno <8 x float> {value}, {value}",
+            f"  %{tag}_sel = select <8 x i1> %{tag}_nan, <8 x i32> splat (i32 32704), <8 x i32> %{tag}_hi",
+            f"  %{tag}_t = trunc <8 x i32> %{tag}_sel to <8 x i16>",
+            f"  %{tag}_p = getelementptr i16, ptr {ptr}, i64 {index}",
+            f"  store <8 x i16> %{tag}_t, ptr %{tag}_p, align 2"]
 
 
 def _hsum(v: str, out: str, tag: str) -> list[str]:
@@ -318,213 +316,366 @@ def _prep_ir(kind: int) -> str:
     return "\n".join(L)
 
 
-def _item_ir(kind: int) -> str:
-    """attn_item_<kind>(q, base, koff, voff, ps, seen, D, sbuf, out): one query head's
-    attention over `seen` positions of its KV head (keys at base[koff + t * ps], values at
-    base[voff + t * ps]); q float32 [D] already scaled, sbuf [seen rounded up to 8]."""
+# Keys a part of the attention takes: a sequence's keys are split into parts of this many,
+# each (sequence, KV head, part) a work item, merged after (`_merge_ir`). Fixed, so a
+# sequence's result depends on its own length only, never on the batch or the threads.
+PART_KEYS = 512
+# Query heads sharing a KV head that one item takes together (each key loaded once for all).
+MAX_GROUP = 8
+
+
+def _part_ir(kind: int, G: int) -> str:
+    """attn_part_<kind>_<G>(q, base, koff, voff, ps, n, D, sbuf, ob, mb, lb): G query heads
+    (q [G, D] float32, scaled) over n <= PART_KEYS keys of their KV head (keys at
+    base[koff + t * ps], values at base[voff + t * ps]): per head its scores' maximum m
+    (mb[g]), the sum l of exp(s - m) (lb[g]) and sum_t exp(s_t - m) v_t (ob [G, D]); sbuf
+    [G, PART_KEYS] holds the scores. Keys two at a time: 2G independent chains of
+    multiply-adds."""
     k = _KIND_NAMES[kind]
-    lanes = ", ".join(f"i64 {j}" for j in range(8))
-    L = [f"define internal void @attn_item_{k}(ptr %q, ptr %base, i64 %koff, i64 %voff, i64 %ps, "
-         "i64 %seen, i64 %D, ptr %sbuf, ptr %out) {",
+    gs = range(G)
+    L = [f"define internal void @attn_part_{k}_{G}(ptr %q, ptr %base, i64 %koff, i64 %voff, i64 %ps, "
+         "i64 %n, i64 %D, ptr %sbuf, ptr %ob, ptr %mb, ptr %lb) {",
          "entry:",
          "  %nc = lshr i64 %D, 3",
-         "  %nblk = lshr i64 %D, 5",
-         # scores and their maximum: four keys a step (four independent chains of
-         # multiply-adds: one chain waits on each add's latency), then one at a time
-         "  %seen4 = and i64 %seen, -4",
-         "  %any4 = icmp ugt i64 %seen4, 0",
-         "  br i1 %any4, label %s4, label %s1_pre",
-         "s4:",
-         "  %j4 = phi i64 [0, %entry], [%j4n, %s4_end]",
-         "  %m4 = phi float [0xFFF0000000000000, %entry], [%m4n, %s4_end]",
-         *[f"  %kr4_{u}a = add i64 %j4, {u}" for u in range(4)],
-         *[f"  %kr4_{u}b = mul i64 %kr4_{u}a, %ps" for u in range(4)],
-         *[f"  %kr4_{u} = add i64 %kr4_{u}b, %koff" for u in range(4)],
-         "  br label %c4",
-         "c4:",
-         "  %c4i = phi i64 [0, %s4], [%c4n, %c4]",
-         *[f"  %a4_{u} = phi <8 x float> [zeroinitializer, %s4], [%a4n_{u}, %c4]" for u in range(4)],
-         "  %e4 = shl i64 %c4i, 3",
-         "  %q4p = getelementptr float, ptr %q, i64 %e4",
-         "  %q4 = load <8 x float>, ptr %q4p, align 4",
-         *[line for u in range(4) for line in (
-             [f"  %ke4_{u} = add i64 %kr4_{u}, %e4"]
-             + _load(kind, "%base", f"%ke4_{u}", f"%kv4_{u}")
-             + [f"  %a4n_{u} = call <8 x float> @llvm.fma.v8f32(<8 x float> %q4, <8 x float> %kv4_{u}, <8 x float> %a4_{u})"])],
-         "  %c4n = add i64 %c4i, 1",
-         "  %c4more = icmp ult i64 %c4n, %nc",
-         "  br i1 %c4more, label %c4, label %s4_end",
-         "s4_end:",
-         *[line for u in range(4) for line in _hsum(f"%a4n_{u}", f"%s4_{u}", f"h4{u}")],
-         *[line for u in range(4) for line in (
-             f"  %sj4_{u} = add i64 %j4, {u}",
-             f"  %sp4_{u} = getelementptr float, ptr %sbuf, i64 %sj4_{u}",
-             f"  store float %s4_{u}, ptr %sp4_{u}, align 4")],
-         "  %m4a = call float @llvm.maxnum.f32(float %s4_0, float %s4_1)",
-         "  %m4b = call float @llvm.maxnum.f32(float %s4_2, float %s4_3)",
-         "  %m4c = call float @llvm.maxnum.f32(float %m4a, float %m4b)",
-         "  %m4n = call float @llvm.maxnum.f32(float %m4, float %m4c)",
-         "  %j4n = add i64 %j4, 4",
-         "  %j4more = icmp ult i64 %j4n, %seen4",
-         "  br i1 %j4more, label %s4, label %s1_pre",
-         "s1_pre:",
-         "  %m1 = phi float [0xFFF0000000000000, %entry], [%m4n, %s4_end]",
-         "  %rest = icmp ult i64 %seen4, %seen",
-         "  br i1 %rest, label %sj, label %soft_pre",
-         "sj:",
-         "  %j = phi i64 [%seen4, %s1_pre], [%jn, %sj_end]",
-         "  %m = phi float [%m1, %s1_pre], [%mn, %sj_end]",
-         "  %kr0 = mul i64 %j, %ps",
-         "  %kr = add i64 %kr0, %koff",
-         "  br label %sc",
-         "sc:",
-         "  %c = phi i64 [0, %sj], [%cn, %sc]",
-         "  %acc = phi <8 x float> [zeroinitializer, %sj], [%accn, %sc]",
-         "  %e = shl i64 %c, 3",
-         "  %qp = getelementptr float, ptr %q, i64 %e",
-         "  %qv = load <8 x float>, ptr %qp, align 4",
-         "  %ke = add i64 %kr, %e",
-         *_load(kind, "%base", "%ke", "%kv"),
-         "  %accn = call <8 x float> @llvm.fma.v8f32(<8 x float> %qv, <8 x float> %kv, <8 x float> %acc)",
-         "  %cn = add i64 %c, 1",
-         "  %cmore = icmp ult i64 %cn, %nc",
-         "  br i1 %cmore, label %sc, label %sj_end",
-         "sj_end:",
-         *_hsum("%accn", "%s", "hs"),
-         "  %sp = getelementptr float, ptr %sbuf, i64 %j",
-         "  store float %s, ptr %sp, align 4",
-         "  %mn = call float @llvm.maxnum.f32(float %m, float %s)",
-         "  %jn = add i64 %j, 1",
-         "  %jmore = icmp ult i64 %jn, %seen",
-         "  br i1 %jmore, label %sj, label %soft_pre",
-         # exp(s - max), zero past `seen`, and their sum
-         "soft_pre:",
-         "  %mx = phi float [%m1, %s1_pre], [%mn, %sj_end]",
-         "  %mv0 = insertelement <8 x float> poison, float %mx, i32 0",
-         "  %mv = shufflevector <8 x float> %mv0, <8 x float> poison, <8 x i32> zeroinitializer",
-         "  %sv0 = insertelement <8 x i64> poison, i64 %seen, i32 0",
-         "  %seenv = shufflevector <8 x i64> %sv0, <8 x i64> poison, <8 x i32> zeroinitializer",
-         "  br label %soft",
-         "soft:",
-         "  %b = phi i64 [0, %soft_pre], [%bn, %soft]",
-         "  %l = phi <8 x float> [zeroinitializer, %soft_pre], [%ln, %soft]",
-         "  %bp = getelementptr float, ptr %sbuf, i64 %b",
-         "  %bv = load <8 x float>, ptr %bp, align 4",
-         "  %bd = fsub <8 x float> %bv, %mv",
-         "  %be = call <8 x float> @attn_exp8(<8 x float> %bd)",
-         "  %bi0 = insertelement <8 x i64> poison, i64 %b, i32 0",
-         "  %bi = shufflevector <8 x i64> %bi0, <8 x i64> poison, <8 x i32> zeroinitializer",
-         f"  %idx = add <8 x i64> %bi, <{lanes}>",
-         "  %ok = icmp ult <8 x i64> %idx, %seenv",
-         "  %pz = select <8 x i1> %ok, <8 x float> %be, <8 x float> zeroinitializer",
-         "  store <8 x float> %pz, ptr %bp, align 4",
-         "  %ln = fadd <8 x float> %l, %pz",
-         "  %bn = add i64 %b, 8",
-         "  %bmore = icmp ult i64 %bn, %seen",
-         "  br i1 %bmore, label %soft, label %soft_done",
-         "soft_done:",
-         *_hsum("%ln", "%lsum", "hl"),
-         "  %inv = fdiv float 1.0, %lsum",
-         "  %iv0 = insertelement <8 x float> poison, float %inv, i32 0",
-         "  %iv = shufflevector <8 x float> %iv0, <8 x float> poison, <8 x i32> zeroinitializer",
-         "  br label %blk",
-         # the values' weighted sum, 32 lanes of the head at a time
-         "blk:",
-         "  %k = phi i64 [0, %soft_done], [%kn, %blk_end]",
-         "  %ko = shl i64 %k, 5",
-         "  br label %vj",
-         "vj:",
-         "  %t = phi i64 [0, %blk], [%tn, %vj]"]
-    L += [f"  %o{u} = phi <8 x float> [zeroinitializer, %blk], [%on{u}, %vj]" for u in range(4)]
-    L += ["  %pp = getelementptr float, ptr %sbuf, i64 %t",
-          "  %p = load float, ptr %pp, align 4",
-          "  %pv0 = insertelement <8 x float> poison, float %p, i32 0",
-          "  %pv = shufflevector <8 x float> %pv0, <8 x float> poison, <8 x i32> zeroinitializer",
-          "  %vr0 = mul i64 %t, %ps",
-          "  %vr1 = add i64 %vr0, %voff",
-          "  %vr = add i64 %vr1, %ko"]
-    for u in range(4):
-        L += [f"  %ve{u} = add i64 %vr, {8 * u}"]
-        L += _load(kind, "%base", f"%ve{u}", f"%vv{u}")
-        L += [f"  %on{u} = call <8 x float> @llvm.fma.v8f32(<8 x float> %pv, <8 x float> %vv{u}, <8 x float> %o{u})"]
-    L += ["  %tn = add i64 %t, 1",
-          "  %tmore = icmp ult i64 %tn, %seen",
-          "  br i1 %tmore, label %vj, label %blk_end",
-          "blk_end:"]
-    for u in range(4):
-        L += [f"  %r{u} = fmul <8 x float> %on{u}, %iv",
-              f"  %oi{u} = add i64 %ko, {8 * u}",
-              f"  %op{u} = getelementptr float, ptr %out, i64 %oi{u}",
-              f"  store <8 x float> %r{u}, ptr %op{u}, align 4"]
-    L += ["  %kn = add i64 %k, 1",
-          "  %kmore = icmp ult i64 %kn, %nblk",
-          "  br i1 %kmore, label %blk, label %fin",
-          "fin:",
-          "  ret void",
-          "}"]
+         "  %n2 = and i64 %n, -2",
+         "  %any2 = icmp ugt i64 %n2, 0"]
+    L += [f"  %qg{g} = getelementptr float, ptr %q, i64 {0}" if g == 0 else
+          f"  %qg{g} = getelementptr float, ptr %qg{g - 1}, i64 %D" for g in gs]
+    L += [f"  %sg{g} = getelementptr float, ptr %sbuf, i64 {g * PART_KEYS}" for g in gs]
+    L += ["  br i1 %any2, label %s2, label %s1_pre",
+          "s2:",
+          "  %j = phi i64 [0, %entry], [%jn, %s2_end]"]
+    L += [f"  %m_{g} = phi float [0xFFF0000000000000, %entry], [%m2n_{g}, %s2_end]" for g in gs]
+    for u in range(2):
+        L += [f"  %ja{u} = add i64 %j, {u}", f"  %jb{u} = mul i64 %ja{u}, %ps", f"  %kr{u} = add i64 %jb{u}, %koff"]
+    L += ["  br label %c2", "c2:", "  %c = phi i64 [0, %s2], [%cn, %c2]"]
+    L += [f"  %a_{g}_{u} = phi <8 x float> [zeroinitializer, %s2], [%an_{g}_{u}, %c2]" for g in gs for u in range(2)]
+    L += ["  %e = shl i64 %c, 3"]
+    for u in range(2):
+        L += [f"  %ke{u} = add i64 %kr{u}, %e"] + _load(kind, "%base", f"%ke{u}", f"%kv{u}")
+    for g in gs:
+        L += [f"  %qp{g} = getelementptr float, ptr %qg{g}, i64 %e",
+              f"  %qv{g} = load <8 x float>, ptr %qp{g}, align 4"]
+        for u in range(2):
+            L += [f"  %an_{g}_{u} = call <8 x float> @llvm.fma.v8f32(<8 x float> %qv{g}, <8 x float> %kv{u}, <8 x float> %a_{g}_{u})"]
+    L += ["  %cn = add i64 %c, 1", "  %cmore = icmp ult i64 %cn, %nc",
+          "  br i1 %cmore, label %c2, label %s2_end", "s2_end:"]
+    for g in gs:
+        for u in range(2):
+            L += _hsum(f"%an_{g}_{u}", f"%s_{g}_{u}", f"h{g}x{u}")
+            L += [f"  %sp_{g}_{u} = getelementptr float, ptr %sg{g}, i64 %ja{u}",
+                  f"  store float %s_{g}_{u}, ptr %sp_{g}_{u}, align 4"]
+        L += [f"  %mm_{g} = call float @llvm.maxnum.f32(float %s_{g}_0, float %s_{g}_1)",
+              f"  %m2n_{g} = call float @llvm.maxnum.f32(float %m_{g}, float %mm_{g})"]
+    L += ["  %jn = add i64 %j, 2", "  %jmore = icmp ult i64 %jn, %n2",
+          "  br i1 %jmore, label %s2, label %s1_pre",
+          "s1_pre:"]
+    L += [f"  %m1_{g} = phi float [0xFFF0000000000000, %entry], [%m2n_{g}, %s2_end]" for g in gs]
+    L += ["  %rest = icmp ult i64 %n2, %n", "  br i1 %rest, label %s1, label %soft_pre",
+          "s1:", "  %k1a = mul i64 %n2, %ps", "  %k1 = add i64 %k1a, %koff", "  br label %c1",
+          "c1:", "  %d = phi i64 [0, %s1], [%dn, %c1]"]
+    L += [f"  %b_{g} = phi <8 x float> [zeroinitializer, %s1], [%bn_{g}, %c1]" for g in gs]
+    L += ["  %f = shl i64 %d, 3", "  %kf = add i64 %k1, %f"] + _load(kind, "%base", "%kf", "%kw")
+    for g in gs:
+        L += [f"  %rp{g} = getelementptr float, ptr %qg{g}, i64 %f",
+              f"  %rv{g} = load <8 x float>, ptr %rp{g}, align 4",
+              f"  %bn_{g} = call <8 x float> @llvm.fma.v8f32(<8 x float> %rv{g}, <8 x float> %kw, <8 x float> %b_{g})"]
+    L += ["  %dn = add i64 %d, 1", "  %dmore = icmp ult i64 %dn, %nc",
+          "  br i1 %dmore, label %c1, label %s1_end", "s1_end:"]
+    for g in gs:
+        L += _hsum(f"%bn_{g}", f"%t_{g}", f"h1{g}")
+        L += [f"  %tp_{g} = getelementptr float, ptr %sg{g}, i64 %n2",
+              f"  store float %t_{g}, ptr %tp_{g}, align 4",
+              f"  %mf_{g} = call float @llvm.maxnum.f32(float %m1_{g}, float %t_{g})"]
+    L += ["  br label %soft_pre", "soft_pre:"]
+    L += [f"  %mx_{g} = phi float [%m1_{g}, %s1_pre], [%mf_{g}, %s1_end]" for g in gs]
+    lanes = ", ".join(f"i64 {j}" for j in range(8))
+    L += ["  %nv0 = insertelement <8 x i64> poison, i64 %n, i32 0",
+          "  %nv = shufflevector <8 x i64> %nv0, <8 x i64> poison, <8 x i32> zeroinitializer"]
+    prev = "soft_pre"
+    for g in gs:  # exp(s - max), zero past n, and their sum, head by head
+        L += [f"  %mv0_{g} = insertelement <8 x float> poison, float %mx_{g}, i32 0",
+              f"  %mv_{g} = shufflevector <8 x float> %mv0_{g}, <8 x float> poison, <8 x i32> zeroinitializer",
+              f"  br label %soft{g}", f"soft{g}:",
+              f"  %o_{g} = phi i64 [0, %{prev}], [%on_{g}, %soft{g}]",
+              f"  %l_{g} = phi <8 x float> [zeroinitializer, %{prev}], [%ln_{g}, %soft{g}]",
+              f"  %op_{g} = getelementptr float, ptr %sg{g}, i64 %o_{g}",
+              f"  %ov_{g} = load <8 x float>, ptr %op_{g}, align 4",
+              f"  %od_{g} = fsub <8 x float> %ov_{g}, %mv_{g}",
+              f"  %oe_{g} = call <8 x float> @attn_exp8(<8 x float> %od_{g})",
+              f"  %oi0_{g} = insertelement <8 x i64> poison, i64 %o_{g}, i32 0",
+              f"  %oi1_{g} = shufflevector <8 x i64> %oi0_{g}, <8 x i64> poison, <8 x i32> zeroinitializer",
+              f"  %oi_{g} = add <8 x i64> %oi1_{g}, <{lanes}>",
+              f"  %ok_{g} = icmp ult <8 x i64> %oi_{g}, %nv",
+              f"  %oz_{g} = select <8 x i1> %ok_{g}, <8 x float> %oe_{g}, <8 x float> zeroinitializer",
+              f"  store <8 x float> %oz_{g}, ptr %op_{g}, align 4",
+              f"  %ln_{g} = fadd <8 x float> %l_{g}, %oz_{g}",
+              f"  %on_{g} = add i64 %o_{g}, 8",
+              f"  %omore_{g} = icmp ult i64 %on_{g}, %n",
+              f"  br i1 %omore_{g}, label %soft{g}, label %soft{g}_done",
+              f"soft{g}_done:"]
+        L += _hsum(f"%ln_{g}", f"%lsum_{g}", f"hl{g}")
+        L += [f"  %mbp_{g} = getelementptr float, ptr %mb, i64 {g}",
+              f"  store float %mx_{g}, ptr %mbp_{g}, align 4",
+              f"  %lbp_{g} = getelementptr float, ptr %lb, i64 {g}",
+              f"  store float %lsum_{g}, ptr %lbp_{g}, align 4"]
+        prev = f"soft{g}_done"
+    # the values' weighted sums: W vectors of each head a pass over the keys, W by D
+    L += ["  %nvec = lshr i64 %D, 3"]
+    choices = sorted({w for w in (4, 2, 1) if G * w <= 12} or {1}, reverse=True)
+    # pick at run time the widest W that divides D / 8
+    conds = []
+    for w in choices:
+        conds.append(w)
+    L += [f"  br label %vsel"]
+    L += ["vsel:"]
+    for idx, w in enumerate(conds):
+        nxt = f"vsel{idx + 1}" if idx + 1 < len(conds) else f"vw{conds[-1]}"
+        if idx + 1 < len(conds):
+            L += [f"  %vr{w} = urem i64 %nvec, {w}", f"  %vz{w} = icmp eq i64 %vr{w}, 0",
+                  f"  br i1 %vz{w}, label %vw{w}, label %{nxt}", f"{nxt}:"]
+        else:
+            L += [f"  br label %vw{w}"]
+    for w in conds:
+        L += [f"vw{w}:", f"  br label %vb{w}", f"vb{w}:",
+              f"  %vk{w} = phi i64 [0, %vw{w}], [%vkn{w}, %vb{w}_end]",
+              f"  %vko{w} = mul i64 %vk{w}, {8 * w}",
+              f"  br label %vt{w}", f"vt{w}:",
+              f"  %vt_{w} = phi i64 [0, %vb{w}], [%vtn_{w}, %vt{w}]"]
+        L += [f"  %acc{w}_{g}_{x} = phi <8 x float> [zeroinitializer, %vb{w}], [%accn{w}_{g}_{x}, %vt{w}]"
+              for g in gs for x in range(w)]
+        L += [f"  %vr0_{w} = mul i64 %vt_{w}, %ps", f"  %vr1_{w} = add i64 %vr0_{w}, %voff",
+              f"  %vr2_{w} = add i64 %vr1_{w}, %vko{w}"]
+        for x in range(w):
+            L += [f"  %ve{w}_{x} = add i64 %vr2_{w}, {8 * x}"] + _load(kind, "%base", f"%ve{w}_{x}", f"%vv{w}_{x}")
+        for g in gs:
+            L += [f"  %pp{w}_{g} = getelementptr float, ptr %sg{g}, i64 %vt_{w}",
+                  f"  %p{w}_{g} = load float, ptr %pp{w}_{g}, align 4",
+                  f"  %pb0{w}_{g} = insertelement <8 x float> poison, float %p{w}_{g}, i32 0",
+                  f"  %pb{w}_{g} = shufflevector <8 x float> %pb0{w}_{g}, <8 x float> poison, <8 x i32> zeroinitializer"]
+            for x in range(w):
+                L += [f"  %accn{w}_{g}_{x} = call <8 x float> @llvm.fma.v8f32(<8 x float> %pb{w}_{g}, <8 x float> %vv{w}_{x}, <8 x float> %acc{w}_{g}_{x})"]
+        L += [f"  %vtn_{w} = add i64 %vt_{w}, 1", f"  %vtm_{w} = icmp ult i64 %vtn_{w}, %n",
+              f"  br i1 %vtm_{w}, label %vt{w}, label %vb{w}_end", f"vb{w}_end:"]
+        for g in gs:
+            for x in range(w):
+                L += [f"  %so{w}_{g}_{x}a = mul i64 %D, {g}",
+                      f"  %so{w}_{g}_{x}b = add i64 %so{w}_{g}_{x}a, %vko{w}",
+                      f"  %so{w}_{g}_{x} = add i64 %so{w}_{g}_{x}b, {8 * x}",
+                      f"  %sop{w}_{g}_{x} = getelementptr float, ptr %ob, i64 %so{w}_{g}_{x}",
+                      f"  store <8 x float> %accn{w}_{g}_{x}, ptr %sop{w}_{g}_{x}, align 4"]
+        L += [f"  %vkn{w} = add i64 %vk{w}, 1", f"  %vkm{w} = mul i64 %vkn{w}, {w}",
+              f"  %vkmore{w} = icmp ult i64 %vkm{w}, %nvec",
+              f"  br i1 %vkmore{w}, label %vb{w}, label %fin"]
+    L += ["fin:", "  ret void", "}"]
     return "\n".join(L)
 
 
-# The parallel part's arguments: seqs, N, H, Hkv, D, kind, qbuf, sbufs, sbuf_len, out.
-_ARGS = "%attn_args = type { ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr }"
-_ARG_TYPES = ("ptr", "i64", "i64", "i64", "i64", "i64", "ptr", "ptr", "i64", "ptr")
-_ARG_NAMES = ("seqs", "N", "H", "Hkv", "D", "kind", "qbuf", "sbufs", "sbuf_len", "out")
+# The parallel part's arguments.
+_ARGS = "%attn_args = type { ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr }"
+_ARG_TYPES = ("ptr", "i64", "i64", "i64", "i64", "i64", "ptr", "ptr", "i64", "ptr", "ptr", "ptr")
+_ARG_NAMES = ("seqs", "N", "H", "Hkv", "D", "kind", "qbuf", "sbufs", "cmax", "obufs", "mbufs", "lbufs")
+
+
+def _seq_fields(L: list, row: str) -> None:
+    """IR loading a sequence's table row `row` (an i64 index) into %base, %kvs, %hs, %ps,
+    %start, %first and %seen_t."""
+    L += [f"  %tb = mul i64 {row}, {_SEQ_FIELDS}", "  %t0p = getelementptr i64, ptr %seqs, i64 %tb"]
+    for f, name in enumerate(("base_i", "kvs", "hs", "ps", "start", "first", "seen_t")):
+        L += [f"  %f{f}p = getelementptr i64, ptr %t0p, i64 {f}", f"  %{name} = load i64, ptr %f{f}p"]
+    L += ["  %base = inttoptr i64 %base_i to ptr"]
 
 
 def _work_ir() -> str:
-    """attn_work(args, tid, nth): items tid, tid + nth, ... of the N * H (sequence, head)."""
+    """attn_work(args, tid, nth): items tid, tid + nth, ... of the N * Hkv * cmax (sequence,
+    KV head, part of PART_KEYS keys); parts past a sequence's keys are skipped."""
     L = ["define internal void @attn_work(ptr %argp, i64 %tid, i64 %nth) {", "entry:"]
     for i, (ty, name) in enumerate(zip(_ARG_TYPES, _ARG_NAMES)):
         L += [f"  %{name}_p = getelementptr %attn_args, ptr %argp, i32 0, i32 {i}",
               f"  %{name} = load {ty}, ptr %{name}_p"]
-    L += ["  %items = mul i64 %N, %H",
-          "  %G = udiv i64 %H, %Hkv",
-          "  %sbo = mul i64 %tid, %sbuf_len",
+    L += ["  %G = udiv i64 %H, %Hkv",
+          "  %per = mul i64 %Hkv, %cmax",
+          "  %items = mul i64 %N, %per",
+          "  %limit = mul i64 %cmax, " + str(PART_KEYS),
+          f"  %sbo0 = mul i64 %tid, %G",
+          f"  %sbo = mul i64 %sbo0, {PART_KEYS}",
           "  %sbuf = getelementptr float, ptr %sbufs, i64 %sbo",
+          "  %sel0 = mul i64 %kind, 16",
+          "  %sel = add i64 %sel0, %G",
           "  %any = icmp ult i64 %tid, %items",
           "  br i1 %any, label %item, label %fin",
           "item:",
           "  %it = phi i64 [%tid, %entry], [%itn, %item_end]",
-          "  %i = udiv i64 %it, %H",
-          "  %h = urem i64 %it, %H",
-          f"  %tb = mul i64 %i, {_SEQ_FIELDS}",
-          "  %t0p = getelementptr i64, ptr %seqs, i64 %tb"]
-    for f, name in enumerate(("base_i", "kvs", "hs", "ps", "start", "first", "seen_t")):
-        L += [f"  %f{f}p = getelementptr i64, ptr %t0p, i64 {f}",
-              f"  %{name} = load i64, ptr %f{f}p"]
-    L += ["  %over = icmp ugt i64 %seen_t, %sbuf_len",  # (never, from `plan`: the scores' buffer bounds it)
-          "  %seen = select i1 %over, i64 %sbuf_len, i64 %seen_t",
-          "  %base = inttoptr i64 %base_i to ptr",
-          "  %kvh = udiv i64 %h, %G",
+          "  %i = udiv i64 %it, %per",
+          "  %rem = urem i64 %it, %per",
+          "  %kvh = udiv i64 %rem, %cmax",
+          "  %c = urem i64 %rem, %cmax"]
+    _seq_fields(L, "%i")
+    L += ["  %over = icmp ugt i64 %seen_t, %limit",  # (never, from `plan`: the buffers bound it)
+          "  %seen = select i1 %over, i64 %limit, i64 %seen_t",
+          f"  %k0 = mul i64 %c, {PART_KEYS}",
+          "  %inside = icmp ult i64 %k0, %seen",
+          "  br i1 %inside, label %go, label %item_end",
+          "go:",
+          "  %left = sub i64 %seen, %k0",
+          f"  %big = icmp ugt i64 %left, {PART_KEYS}",
+          f"  %n = select i1 %big, i64 {PART_KEYS}, i64 %left",
           "  %kh = mul i64 %kvh, %hs",
-          "  %fo = mul i64 %first, %ps",
+          "  %fk = add i64 %first, %k0",
+          "  %fo = mul i64 %fk, %ps",
           "  %koff = add i64 %kh, %fo",
           "  %voff = add i64 %koff, %kvs",
-          "  %qo0 = mul i64 %i, %H",
-          "  %qo1 = add i64 %qo0, %h",
-          "  %qo = mul i64 %qo1, %D",
+          "  %qh0 = mul i64 %i, %H",
+          "  %qh1 = mul i64 %kvh, %G",
+          "  %qh = add i64 %qh0, %qh1",
+          "  %qo = mul i64 %qh, %D",
           "  %qp = getelementptr float, ptr %qbuf, i64 %qo",
-          "  %op = getelementptr float, ptr %out, i64 %qo",
-          "  switch i64 %kind, label %item_end [ i64 0, label %k0 i64 1, label %k1 i64 2, label %k2 ]"]
+          "  %pi0 = mul i64 %i, %Hkv",
+          "  %pi1 = add i64 %pi0, %kvh",
+          "  %pi2 = mul i64 %pi1, %cmax",
+          "  %pi = add i64 %pi2, %c",
+          "  %pg = mul i64 %pi, %G",
+          "  %pgd = mul i64 %pg, %D",
+          "  %obp = getelementptr float, ptr %obufs, i64 %pgd",
+          "  %mbp = getelementptr float, ptr %mbufs, i64 %pg",
+          "  %lbp = getelementptr float, ptr %lbufs, i64 %pg"]
+    cases = " ".join(f"i64 {kind * 16 + G}, label %k{kind}_{G}" for kind in _KIND_NAMES
+                     for G in range(1, MAX_GROUP + 1))
+    L += [f"  switch i64 %sel, label %item_end [ {cases} ]"]
     for kind, name in _KIND_NAMES.items():
-        L += [f"k{kind}:",
-              f"  call void @attn_item_{name}(ptr %qp, ptr %base, i64 %koff, i64 %voff, i64 %ps, "
-              "i64 %seen, i64 %D, ptr %sbuf, ptr %op)",
-              "  br label %item_end"]
+        for G in range(1, MAX_GROUP + 1):
+            L += [f"k{kind}_{G}:",
+                  f"  call void @attn_part_{name}_{G}(ptr %qp, ptr %base, i64 %koff, i64 %voff, i64 %ps, "
+                  "i64 %n, i64 %D, ptr %sbuf, ptr %obp, ptr %mbp, ptr %lbp)",
+                  "  br label %item_end"]
     L += ["item_end:",
           "  %itn = add i64 %it, %nth",
           "  %more = icmp ult i64 %itn, %items",
           "  br i1 %more, label %item, label %fin",
-          "fin:",
-          "  ret void",
-          "}"]
+          "fin:", "  ret void", "}"]
+    return "\n".join(L)
+
+
+def _merge_ir() -> str:
+    """attn_merge(seqs, N, H, Hkv, D, cmax, obufs, mbufs, lbufs, out): each query head's
+    parts joined in order: with M the parts' largest maximum and w_c = exp(m_c - M),
+    out = sum_c w_c o_c / sum_c w_c l_c (one part: o / l)."""
+    L = ["define internal void @attn_merge(ptr %seqs, i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %cmax, "
+         "ptr %obufs, ptr %mbufs, ptr %lbufs, ptr %out) {",
+         "entry:",
+         "  %G = udiv i64 %H, %Hkv",
+         "  %nc = lshr i64 %D, 3",
+         f"  %limit = mul i64 %cmax, {PART_KEYS}",
+         "  br label %seq",
+         "seq:",
+         "  %i = phi i64 [0, %entry], [%in, %seq_end]"]
+    _seq_fields(L, "%i")
+    L += ["  %over = icmp ugt i64 %seen_t, %limit",
+          "  %seen = select i1 %over, i64 %limit, i64 %seen_t",
+          f"  %cs0 = add i64 %seen, {PART_KEYS - 1}",
+          f"  %C = udiv i64 %cs0, {PART_KEYS}",
+          "  br label %head",
+          "head:",
+          "  %h = phi i64 [0, %seq], [%hn, %head_end]",
+          "  %kvh = udiv i64 %h, %G",
+          "  %g = urem i64 %h, %G",
+          "  %pi0 = mul i64 %i, %Hkv",
+          "  %pi1 = add i64 %pi0, %kvh",
+          "  %pbase = mul i64 %pi1, %cmax",
+          "  %oo0 = mul i64 %i, %H",
+          "  %oo1 = add i64 %oo0, %h",
+          "  %oo = mul i64 %oo1, %D",
+          "  %outp = getelementptr float, ptr %out, i64 %oo",
+          "  br label %mx",
+          # the largest maximum
+          "mx:",
+          "  %c = phi i64 [0, %head], [%cn, %mx]",
+          "  %M = phi float [0xFFF0000000000000, %head], [%Mn, %mx]",
+          "  %mi0 = add i64 %pbase, %c",
+          "  %mi1 = mul i64 %mi0, %G",
+          "  %mi = add i64 %mi1, %g",
+          "  %mp = getelementptr float, ptr %mbufs, i64 %mi",
+          "  %m = load float, ptr %mp, align 4",
+          "  %Mn = call float @llvm.maxnum.f32(float %M, float %m)",
+          "  %cn = add i64 %c, 1",
+          "  %cmore = icmp ult i64 %cn, %C",
+          "  br i1 %cmore, label %mx, label %zero",
+          # out = 0, then each part's weighted sums
+          "zero:",
+          "  %zd = phi i64 [0, %mx], [%zdn, %zero]",
+          "  %ze = shl i64 %zd, 3",
+          "  %zp = getelementptr float, ptr %outp, i64 %ze",
+          "  store <8 x float> zeroinitializer, ptr %zp, align 4",
+          "  %zdn = add i64 %zd, 1",
+          "  %zmore = icmp ult i64 %zdn, %nc",
+          "  br i1 %zmore, label %zero, label %part",
+          "part:",
+          "  %pc = phi i64 [0, %zero], [%pcn, %part_end]",
+          "  %L = phi float [0.0, %zero], [%Ln, %part_end]",
+          "  %qi0 = add i64 %pbase, %pc",
+          "  %qi1 = mul i64 %qi0, %G",
+          "  %qi = add i64 %qi1, %g",
+          "  %qmp = getelementptr float, ptr %mbufs, i64 %qi",
+          "  %qm = load float, ptr %qmp, align 4",
+          "  %qlp = getelementptr float, ptr %lbufs, i64 %qi",
+          "  %ql = load float, ptr %qlp, align 4",
+          "  %dm = fsub float %qm, %Mn",
+          "  %dv0 = insertelement <8 x float> poison, float %dm, i32 0",
+          "  %dv = shufflevector <8 x float> %dv0, <8 x float> poison, <8 x i32> zeroinitializer",
+          "  %wv = call <8 x float> @attn_exp8(<8 x float> %dv)",
+          "  %w = extractelement <8 x float> %wv, i32 0",
+          "  %Ln = call float @llvm.fma.f32(float %w, float %ql, float %L)",
+          "  %qo = mul i64 %qi, %D",
+          "  %qop = getelementptr float, ptr %obufs, i64 %qo",
+          "  br label %acc",
+          "acc:",
+          "  %ad = phi i64 [0, %part], [%adn, %acc]",
+          "  %ae = shl i64 %ad, 3",
+          "  %asp = getelementptr float, ptr %qop, i64 %ae",
+          "  %as = load <8 x float>, ptr %asp, align 4",
+          "  %aop = getelementptr float, ptr %outp, i64 %ae",
+          "  %ao = load <8 x float>, ptr %aop, align 4",
+          "  %an = call <8 x float> @llvm.fma.v8f32(<8 x float> %wv, <8 x float> %as, <8 x float> %ao)",
+          "  store <8 x float> %an, ptr %aop, align 4",
+          "  %adn = add i64 %ad, 1",
+          "  %amore = icmp ult i64 %adn, %nc",
+          "  br i1 %amore, label %acc, label %part_end",
+          "part_end:",
+          "  %pcn = add i64 %pc, 1",
+          "  %pmore = icmp ult i64 %pcn, %C",
+          "  br i1 %pmore, label %part, label %scale",
+          "scale:",
+          "  %inv = fdiv float 1.0, %Ln",
+          "  %iv0 = insertelement <8 x float> poison, float %inv, i32 0",
+          "  %iv = shufflevector <8 x float> %iv0, <8 x float> poison, <8 x i32> zeroinitializer",
+          "  br label %sc",
+          "sc:",
+          "  %sd = phi i64 [0, %scale], [%sdn, %sc]",
+          "  %se = shl i64 %sd, 3",
+          "  %sp = getelementptr float, ptr %outp, i64 %se",
+          "  %sv = load <8 x float>, ptr %sp, align 4",
+          "  %sr = fmul <8 x float> %sv, %iv",
+          "  store <8 x float> %sr, ptr %sp, align 4",
+          "  %sdn = add i64 %sd, 1",
+          "  %smore = icmp ult i64 %sdn, %nc",
+          "  br i1 %smore, label %sc, label %head_end",
+          "head_end:",
+          "  %hn = add i64 %h, 1",
+          "  %hmore = icmp ult i64 %hn, %H",
+          "  br i1 %hmore, label %head, label %seq_end",
+          "seq_end:",
+          "  %in = add i64 %i, 1",
+          "  %imore = icmp ult i64 %in, %N",
+          "  br i1 %imore, label %seq, label %done",
+          "done:", "  ret void", "}"]
     return "\n".join(L)
 
 
 def _driver_ir(threaded: bool) -> str:
     """attend(qkv, cos, sin, qkn, has_qkn, eps, seqs, N, H, Hkv, D, half, kind, scale, qbuf,
-    tmp, sbufs, sbuf_len, out, threads): the writes and rotations on the calling thread, then
-    every (sequence, head) on torch's OpenMP pool when `threaded`."""
+    tmp, sbufs, cmax, obufs, mbufs, lbufs, out, threads): the writes and rotations on the
+    calling thread, every (sequence, KV head, part) on torch's OpenMP pool when `threaded`,
+    then the parts merged on the calling thread."""
     if threaded:
         run = ["  call void @GOMP_parallel(ptr @attn_omp_body, ptr %a, i32 %threads, i32 0)"]
         extra = """
@@ -545,16 +696,20 @@ entry:
                  "i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %half, float %scale, ptr %qbuf, ptr %tmp")
     L = ["define void @attend(ptr %qkv, ptr %cos, ptr %sin, ptr %qkn, i64 %has_qkn, float %eps, "
          "ptr %seqs, i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %half, i64 %kind, float %scale, "
-         "ptr %qbuf, ptr %tmp, ptr %sbufs, i64 %sbuf_len, ptr %out, i32 %threads) {",
+         "ptr %qbuf, ptr %tmp, ptr %sbufs, i64 %cmax, ptr %obufs, ptr %mbufs, ptr %lbufs, ptr %out, "
+         "i32 %threads) {",
          "entry:",
-         "  switch i64 %kind, label %go [ i64 0, label %p0 i64 1, label %p1 i64 2, label %p2 ]"]
+         f"  switch i64 %kind, label %go [ {' '.join(f'i64 {k}, label %p{k}' for k in _KIND_NAMES)} ]"]
     for kind, name in _KIND_NAMES.items():
         L += [f"p{kind}:", f"  call void @attn_prep_{name}({prep_args})", "  br label %go"]
     L += ["go:", "  %a = alloca %attn_args"]
     for i, (ty, name) in enumerate(zip(_ARG_TYPES, _ARG_NAMES)):
         L += [f"  %s{i} = getelementptr %attn_args, ptr %a, i32 0, i32 {i}",
               f"  store {ty} %{name}, ptr %s{i}"]
-    L += [*run, "  ret void", "}"]
+    L += [*run,
+          "  call void @attn_merge(ptr %seqs, i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %cmax, "
+          "ptr %obufs, ptr %mbufs, ptr %lbufs, ptr %out)",
+          "  ret void", "}"]
     return extra + "\n".join(L)
 
 
@@ -565,8 +720,8 @@ def attention_ir(threaded: bool, declared: str) -> str:
                        if line.split("(")[0] + "(" not in declared)
     parts = [header, _ARGS, _EXP]
     parts += [_prep_ir(kind) for kind in _KIND_NAMES]
-    parts += [_item_ir(kind) for kind in _KIND_NAMES]
-    parts += [_work_ir(), _driver_ir(threaded)]
+    parts += [_part_ir(kind, G) for kind in _KIND_NAMES for G in range(1, MAX_GROUP + 1)]
+    parts += [_work_ir(), _merge_ir(), _driver_ir(threaded)]
     return "\n".join(parts)
 
 
@@ -588,6 +743,7 @@ def serves(layer) -> bool:
         and layer._qk_norm_of[0] is layer.q_norm and layer._qk_norm_of[1] is layer.k_norm)
     return bool(layer.fmt.int8_acts and fits(c.head_dim) and layer.rope.rotary_dim == c.head_dim
                 and c.attn_softcap is None and joined_norm and c.n_heads % c.n_kv_heads == 0
+                and c.n_heads // c.n_kv_heads <= MAX_GROUP
                 and layer.attn_norm is not None and layer.attn_norm.device.type == "cpu"
                 and int8_products.kernel() is not None)
 
@@ -623,7 +779,7 @@ def plan(datas: list[torch.Tensor], starts: list[int], firsts: list[int], seens:
                 or data.shape[2] != Hkv or data.shape[4] != D or data.stride(4) != 1 \
                 or data.device.type != "cpu":
             raise ValueError("decode_attention: a KV copy must be [n_layers, 2, Hkv, capacity, D] "
-                             "of float32, bfloat16 or float16 on the CPU, all of one dtype")
+                             "of float32 or bfloat16 on the CPU, all of one dtype")
         if not (0 <= start < data.shape[3] and seen >= 1 and first >= 0 and first + seen <= data.shape[3]
                 and all(0 <= layer < data.shape[0] for layer in layers)):
             raise ValueError("decode_attention: positions or layers outside the KV copy")
@@ -653,7 +809,8 @@ def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: tor
         raise RuntimeError(f"The decode attention kernel is not available: {int8_products.unavailable_reason()}")
     N = qkv.shape[0]
     if not (qkv.dtype == torch.float32 and qkv.is_contiguous() and qkv.dim() == 2
-            and qkv.shape[1] == (H + 2 * Hkv) * D and fits(D) and Hkv > 0 and H % Hkv == 0):
+            and qkv.shape[1] == (H + 2 * Hkv) * D and fits(D) and Hkv > 0 and H % Hkv == 0
+            and H // Hkv <= MAX_GROUP):
         raise ValueError("decode_attention: qkv must be float32 [N, (H + 2 Hkv) * D], D a multiple of 32")
     if not (cos.dtype == sin.dtype == torch.float32 and cos.numel() == sin.numel() == N * D
             and cos.is_contiguous() and sin.is_contiguous()):
@@ -665,15 +822,19 @@ def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: tor
     if not (table.dtype == torch.int64 and table.is_contiguous() and table.shape == (N, _SEQ_FIELDS)
             and kind in _KIND_NAMES and longest >= 1 and threads >= 1):
         raise ValueError("decode_attention: a table [N, 7] from `decode_attention.plan`")
-    sbuf_len = (longest + 7) // 8 * 8
-    qbuf_floats = N * H * D
-    scratch = int8_products._scratch(4 * (qbuf_floats + D + threads * sbuf_len))
-    base = scratch.data_ptr()
+    G = H // Hkv
+    cmax = (longest + PART_KEYS - 1) // PART_KEYS  # parts of the longest sequence
+    parts = N * Hkv * cmax * G  # (sequence, KV head, part, query head)
+    qbuf, sbufs, obufs = N * H * D, threads * G * PART_KEYS, parts * D
+    floats = qbuf + D + sbufs + obufs + 2 * parts
+    base = int8_products._scratch(4 * floats).data_ptr()
+    at = [base]
+    for size in (qbuf, D, sbufs, obufs, parts):  # where each buffer starts
+        at.append(at[-1] + 4 * size)
     out = torch.empty(N, H * D, dtype=torch.float32)
     k.attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), qk_norm.data_ptr() if has_norm else 0,
              int(has_norm), eps, table.data_ptr(), N, H, Hkv, D, int(half), kind, scale,
-             base, base + 4 * qbuf_floats, base + 4 * (qbuf_floats + D), sbuf_len, out.data_ptr(),
-             threads)
+             at[0], at[1], at[2], cmax, at[3], at[4], at[5], out.data_ptr(), threads)
     return out
 
 

@@ -681,7 +681,7 @@ def _compile() -> _Kernel:
                           i64, i64, i64, ctypes.c_int32)(address)
     f32 = ctypes.c_float
     attend = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, ptr, i64, f32, ptr, i64, i64, i64, i64, i64, i64,
-                              f32, ptr, ptr, ptr, i64, ptr, ctypes.c_int32)(
+                              f32, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_int32)(
         engine.get_function_address("attend"))
     return _Kernel(fn, attend, engine, threaded, isa + ("-VNNI" if vnni else ""))
 

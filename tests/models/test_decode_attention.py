@@ -33,7 +33,7 @@ def _call(qkv, cos, sin, norm, datas, layer, starts, firsts, seens, H, Hkv, D, h
                                              1e-6, 0.125)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("H, Hkv, D, half, qk_norm", [
     (9, 3, 64, False, False),   # SmolLM2's heads, interleaved RoPE
     (4, 1, 256, True, True),    # Gemma 3 270M's: rotate-half, QK-norm
@@ -41,10 +41,10 @@ def _call(qkv, cos, sin, norm, datas, layer, starts, firsts, seens, H, Hkv, D, h
 ])
 def test_it_writes_and_attends_as_the_float64_reference(dtype, H, Hkv, D, half, qk_norm):
     N = 3
-    datas, qkv, cos, sin, norm = _case(N, H, Hkv, D, dtype, qk_norm)
+    datas, qkv, cos, sin, norm = _case(N, H, Hkv, D, dtype, qk_norm, capacity=1300)
     expected_datas = [d.clone() for d in datas]
-    # seen 1, a count that is no multiple of 4 or 8, and a sliding window's slice
-    starts, firsts, seens = [0, 37, 250], [0, 0, 200], [1, 38, 51]
+    # seen 1, an odd count, and a sliding window's slice of three parts (`PART_KEYS`) merged
+    starts, firsts, seens = [0, 37, 1250], [0, 0, 200], [1, 38, 1051]
     got = _call(qkv, cos, sin, norm, datas, 1, starts, firsts, seens, H, Hkv, D, half)
     want = A.reference(qkv, cos, sin, norm, expected_datas, 1, starts, firsts, seens, H, Hkv, D,
                        half, 1e-6, 0.125)
@@ -53,7 +53,7 @@ def test_it_writes_and_attends_as_the_float64_reference(dtype, H, Hkv, D, half, 
     for written, expected in zip(datas, expected_datas):
         # float32 arithmetic rounded once against float64's: one unit in the last place of
         # the copy's dtype at most, and that rarely (a value on a rounding boundary)
-        ulp = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
+        ulp = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -7}[dtype]
         torch.testing.assert_close(written.float(), expected.float(), rtol=ulp, atol=1e-6)
         assert (written != expected).float().mean() < (0.05 if dtype == torch.float32 else 0.002)
 
@@ -85,7 +85,7 @@ def test_a_plan_holds_every_layer_and_picks_threads_by_work():
 
 
 @pytest.mark.parametrize("bad", ["start past the copy", "seen past the copy", "no keys", "layer",
-                                 "dtypes differ", "heads"])
+                                 "dtypes differ", "float16", "heads"])
 def test_a_plan_refuses_what_would_read_or_write_outside_a_copy(bad):
     H, Hkv, D = 9, 3, 64
     datas, *_ = _case(2, H, Hkv, D, torch.bfloat16, False, capacity=100)
@@ -100,6 +100,8 @@ def test_a_plan_refuses_what_would_read_or_write_outside_a_copy(bad):
         layers = [LAYERS]
     elif bad == "dtypes differ":
         datas[1] = datas[1].float()
+    elif bad == "float16":  # (not compiled: such a copy attends through SDPA)
+        datas = [d.half() for d in datas]
     else:
         Hkv = 2
     with pytest.raises(ValueError):

@@ -676,22 +676,7 @@ def _driver_ir(threaded: bool) -> str:
     tmp, sbufs, cmax, obufs, mbufs, lbufs, out, threads): the writes and rotations on the
     calling thread, every (sequence, KV head, part) on torch's OpenMP pool when `threaded`,
     then the parts merged on the calling thread."""
-    if threaded:
-        run = ["  call void @GOMP_parallel(ptr @attn_omp_body, ptr %a, i32 %threads, i32 0)"]
-        extra = """
-define internal void @attn_omp_body(ptr %argp) {
-entry:
-  %t = call i32 @omp_get_thread_num()
-  %n = call i32 @omp_get_num_threads()
-  %t64 = zext i32 %t to i64
-  %n64 = zext i32 %n to i64
-  call void @attn_work(ptr %argp, i64 %t64, i64 %n64)
-  ret void
-}
-"""
-    else:
-        run = ["  call void @attn_work(ptr %a, i64 0, i64 1)"]
-        extra = ""
+    extra, run = int8_products.parallel_ir(threaded, "attn_work", "attn_omp_body")
     prep_args = ("ptr %qkv, ptr %cos, ptr %sin, ptr %qkn, i64 %has_qkn, float %eps, ptr %seqs, "
                  "i64 %N, i64 %H, i64 %Hkv, i64 %D, i64 %half, float %scale, ptr %qbuf, ptr %tmp")
     L = ["define void @attend(ptr %qkv, ptr %cos, ptr %sin, ptr %qkn, i64 %has_qkn, float %eps, "

@@ -509,6 +509,33 @@ def _work_ir() -> str:
     return "\n".join(L)
 
 
+_OPENMP_DECLARATIONS = """
+declare i32 @omp_get_thread_num()
+declare i32 @omp_get_num_threads()
+declare void @GOMP_parallel(ptr, ptr, i32, i32)
+"""
+
+
+def parallel_ir(threaded: bool, work: str, body: str) -> tuple[str, list[str]]:
+    """(definitions, the call) that run @`work`(args, tid, nth) on torch's OpenMP pool
+    through a body function @`body` when `threaded`, else on the calling thread; the call
+    takes the arguments' struct in %a and the threads in %threads."""
+    if not threaded:
+        return "", [f"  call void @{work}(ptr %a, i64 0, i64 1)"]
+    definition = f"""
+define internal void @{body}(ptr %argp) {{
+entry:
+  %t = call i32 @omp_get_thread_num()
+  %n = call i32 @omp_get_num_threads()
+  %t64 = zext i32 %t to i64
+  %n64 = zext i32 %n to i64
+  call void @{work}(ptr %argp, i64 %t64, i64 %n64)
+  ret void
+}}
+"""
+    return definition, [f"  call void @GOMP_parallel(ptr @{body}, ptr %a, i32 %threads, i32 0)"]
+
+
 def _driver_ir(threaded: bool) -> str:
     """matmul(x, bf16, norm, eps, codes, s, b, scratch, y, M, N, nb, planes, layout, threads):
     quantize x (or x's RMS norm times `norm`, where `norm` is not null) on the calling thread, then every thread's share of the outputs (on torch's
@@ -520,25 +547,9 @@ def _driver_ir(threaded: bool) -> str:
         ty = "ptr" if i < 7 else "i64"
         stores += [f"  %f{i} = getelementptr %args, ptr %a, i32 0, i32 {i}",
                    f"  store {ty} {v}, ptr %f{i}"]
-    if threaded:
-        run = ["  call void @GOMP_parallel(ptr @omp_body, ptr %a, i32 %threads, i32 0)"]
-        extra = """
-declare i32 @omp_get_thread_num()
-declare i32 @omp_get_num_threads()
-declare void @GOMP_parallel(ptr, ptr, i32, i32)
-define internal void @omp_body(ptr %argp) {
-entry:
-  %t = call i32 @omp_get_thread_num()
-  %n = call i32 @omp_get_num_threads()
-  %t64 = zext i32 %t to i64
-  %n64 = zext i32 %n to i64
-  call void @work(ptr %argp, i64 %t64, i64 %n64)
-  ret void
-}
-"""
-    else:
-        run = ["  call void @work(ptr %a, i64 0, i64 1)"]
-        extra = ""
+    extra, run = parallel_ir(threaded, "work", "omp_body")
+    if threaded:  # (declared once for the module: app.models.decode_attention calls them too)
+        extra = _OPENMP_DECLARATIONS + extra
     return extra + "\n".join([
         "define void @matmul(ptr %x, i64 %bf16, ptr %norm, float %eps, ptr %codes, ptr %s, ptr %b, "
         "ptr %scratch, ptr %y, i64 %M, i64 %N, i64 %nb, i64 %planes, i64 %layout, i32 %threads) {",

@@ -93,21 +93,6 @@ def _store(kind: int, ptr: str, index: str, value: str, tag: str) -> list[str]:
             f"  store <8 x i16> %{tag}_t, ptr %{tag}_p, align 2"]
 
 
-def _hsum(v: str, out: str, tag: str) -> list[str]:
-    """IR: float `out` = the 8 lanes of `v` summed as a fixed tree."""
-    return [
-        f"  %{tag}a = shufflevector <8 x float> {v}, <8 x float> poison, <4 x i32> <i32 0, i32 1, i32 2, i32 3>",
-        f"  %{tag}b = shufflevector <8 x float> {v}, <8 x float> poison, <4 x i32> <i32 4, i32 5, i32 6, i32 7>",
-        f"  %{tag}4 = fadd <4 x float> %{tag}a, %{tag}b",
-        f"  %{tag}c = shufflevector <4 x float> %{tag}4, <4 x float> poison, <2 x i32> <i32 0, i32 1>",
-        f"  %{tag}d = shufflevector <4 x float> %{tag}4, <4 x float> poison, <2 x i32> <i32 2, i32 3>",
-        f"  %{tag}2 = fadd <2 x float> %{tag}c, %{tag}d",
-        f"  %{tag}e = extractelement <2 x float> %{tag}2, i32 0",
-        f"  %{tag}f = extractelement <2 x float> %{tag}2, i32 1",
-        f"  {out} = fadd float %{tag}e, %{tag}f",
-    ]
-
-
 def _f(value: float) -> str:
     """An LLVM float constant: `value` rounded to float32, written as LLVM writes it."""
     return "0x%016X" % struct.unpack("<Q", struct.pack("<d", struct.unpack("<f", struct.pack("<f", value))[0]))[0]
@@ -226,7 +211,7 @@ def _prep_ir(kind: int) -> str:
          "  %more_s = icmp ult i64 %cn_s, %nc",
          "  br i1 %more_s, label %ss, label %ss_done",
          "ss_done:",
-         *_hsum("%an_s", "%sumsq", "hq"),
+         *int8_products.sum8_ir("%an_s", "%sumsq", "hq"),
          "  %mean = fdiv float %sumsq, %Df",
          "  %me = fadd float %mean, %eps",
          "  %rt = call float @llvm.sqrt.f32(float %me)",
@@ -362,7 +347,7 @@ def _part_ir(kind: int, G: int) -> str:
           "  br i1 %cmore, label %c2, label %s2_end", "s2_end:"]
     for g in gs:
         for u in range(2):
-            L += _hsum(f"%an_{g}_{u}", f"%s_{g}_{u}", f"h{g}x{u}")
+            L += int8_products.sum8_ir(f"%an_{g}_{u}", f"%s_{g}_{u}", f"h{g}x{u}")
             L += [f"  %sp_{g}_{u} = getelementptr float, ptr %sg{g}, i64 %ja{u}",
                   f"  store float %s_{g}_{u}, ptr %sp_{g}_{u}, align 4"]
         L += [f"  %mm_{g} = call float @llvm.maxnum.f32(float %s_{g}_0, float %s_{g}_1)",
@@ -383,7 +368,7 @@ def _part_ir(kind: int, G: int) -> str:
     L += ["  %dn = add i64 %d, 1", "  %dmore = icmp ult i64 %dn, %nc",
           "  br i1 %dmore, label %c1, label %s1_end", "s1_end:"]
     for g in gs:
-        L += _hsum(f"%bn_{g}", f"%t_{g}", f"h1{g}")
+        L += int8_products.sum8_ir(f"%bn_{g}", f"%t_{g}", f"h1{g}")
         L += [f"  %tp_{g} = getelementptr float, ptr %sg{g}, i64 %n2",
               f"  store float %t_{g}, ptr %tp_{g}, align 4",
               f"  %mf_{g} = call float @llvm.maxnum.f32(float %m1_{g}, float %t_{g})"]
@@ -414,7 +399,7 @@ def _part_ir(kind: int, G: int) -> str:
               f"  %omore_{g} = icmp ult i64 %on_{g}, %n",
               f"  br i1 %omore_{g}, label %soft{g}, label %soft{g}_done",
               f"soft{g}_done:"]
-        L += _hsum(f"%ln_{g}", f"%lsum_{g}", f"hl{g}")
+        L += int8_products.sum8_ir(f"%ln_{g}", f"%lsum_{g}", f"hl{g}")
         L += [f"  %mbp_{g} = getelementptr float, ptr %mb, i64 {g}",
               f"  store float %mx_{g}, ptr %mbp_{g}, align 4",
               f"  %lbp_{g} = getelementptr float, ptr %lb, i64 {g}",

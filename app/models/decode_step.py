@@ -100,7 +100,7 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
     none = w[18]  # (an empty tensor: no norm in a product)
     # ---- attention (DecoderLayer.attention, _qkv, rotate, PagedBatchView.attend, _attend)
     plain = not has_qk_norm
-    if norms_in_products:  # (DecoderLayer._normed_product)
+    if norms_in_products:  # (DecoderLayer._normed)
         y = _int4(x, w[1], w[2], w[14], qkv_planes, qkv_kernel, group, plain, w[0], eps)
     else:
         h = F.rms_norm(x, [x.shape[-1]], w[0], eps)

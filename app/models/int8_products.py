@@ -114,7 +114,7 @@ _SEQ32 = ", ".join(f"i32 {i}" for i in range(32))
 _SEQ16 = ", ".join(f"i32 {i}" for i in range(16))
 
 
-def _sum8(v: str, out: str, name: str) -> list[str]:
+def sum8_ir(v: str, out: str, name: str) -> list[str]:
     """IR for float `out` = the lanes of <8 x float> `v` summed as a fixed tree."""
     return [
         f"  %{name}a = shufflevector <8 x float> {v}, <8 x float> poison, <4 x i32> <i32 0, i32 1, i32 2, i32 3>",
@@ -180,7 +180,7 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
                  "sq_done:",
                  "  %s01 = fadd <8 x float> %san0, %san1", "  %s23 = fadd <8 x float> %san2, %san3",
                  "  %s0123 = fadd <8 x float> %s01, %s23"]
-        head += _sum8("%s0123", "%sqsum", "sqt")
+        head += sum8_ir("%s0123", "%sqsum", "sqt")
         head += ["  %mean = fdiv float %sqsum, %Kf", "  %meps = fadd float %mean, %eps",
                  "  %rt = call float @llvm.sqrt.f32(float %meps)", "  %rinv = fdiv float 1.0, %rt",
                  "  %rv0 = insertelement <8 x float> poison, float %rinv, i32 0",
@@ -232,7 +232,7 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
         "  %sum23 = fadd <8 x float> %r2, %r3",
         "  %sum = fadd <8 x float> %sum01, %sum23",
     ]
-    body += _sum8("%sum", "%qsum", "t")
+    body += sum8_ir("%sum", "%qsum", "t")
     body += ["  %ssum = fmul float %qsum, %d"]
     body += [
         "  %dpp = getelementptr float, ptr %dx, i64 %gi", "  store float %d, ptr %dpp, align 4",
@@ -420,7 +420,7 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
         q = f"{t}_{r}"
         a(f"  %tot_{q} = fadd <8 x float> %na_{q}_0, %na_{q}_1")
         a(f"  %tm_{q} = fadd <8 x float> %tot_{q}, %vm_{q}")
-        L.extend(_sum8(f"%tm_{q}", f"%hv_{q}", f"h{q}_"))
+        L.extend(sum8_ir(f"%tm_{q}", f"%hv_{q}", f"h{q}_"))
         a(f"  %h_{q} = fadd float %hv_{q}, %nt_{q}")
         a(f"  %yo_{q} = mul i64 %rr{r}, %N")
         a(f"  %yo2_{q} = add i64 %yo_{q}, %nn{t}")

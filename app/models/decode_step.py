@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 import app.models.int8_products  # noqa: F401 - registers torch.ops.ferrox.int8_matmul, which `_int4` calls
+import app.models.decode_block  # noqa: F401 - registers torch.ops.ferrox.decode_block
 from app.models import decode_attention  # registers torch.ops.ferrox.decode_attention
 from app.models.decode_attention import KV_KINDS
 
@@ -59,8 +60,9 @@ log = logging.getLogger(__name__)
 # products, then 0/1 for QK-norm, a norm after attention, a norm after the MLP, tanh-GELU,
 # the 4-bit kernel's group size, the four products' kernels (-1: torch's 4-bit kernel,
 # else the `Int8Codes` layout of `app.models.int8_products`), then 0/1 for attention in one
-# compiled call (`app.models.decode_attention`), for rotate-half RoPE, and for the norms
-# before QKV and gate-up computed in those products (`DecoderLayer._norms_in_products`).
+# compiled call (`app.models.decode_attention`), for rotate-half RoPE, for the norms
+# before QKV and gate-up computed in those products (`DecoderLayer._norms_in_products`), and
+# for the whole layer in one compiled call (`app.models.decode_block`).
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class DecodeArgs:
     """One layer's constant arguments: tensors [attn_norm, qkv packed, qkv scales, o packed,
     o scales, ffn_norm, gate_up packed, gate_up scales, down packed, down scales, RoPE pair
     swap, qk_norm, post_attn_norm, post_ffn_norm, the four products' offsets, an empty
-    tensor (no norm in a product)] (an absent norm: an empty tensor, its flag 0; torch's
+    tensor (no norm in a product), the layer's `decode_block.constants` (or empty)] (an absent norm: an empty tensor, its flag 0; torch's
     kernel has no offsets: empty too; for `Int8Codes` "packed" are the codes) and `ints` in
     the order the comment above gives. `rows_max`: the most rows every product keeps on its
     planes."""
@@ -95,8 +97,11 @@ def decode_layer(x: torch.Tensor, w: List[torch.Tensor], n: List[int], eps: floa
     has_qk_norm, post_attn, post_ffn, gelu = n[7] != 0, n[8] != 0, n[9] != 0, n[10] != 0
     group = n[11]
     qkv_kernel, o_kernel, gate_up_kernel, down_kernel = n[12], n[13], n[14], n[15]
-    fused, half, norms_in_products = n[16] != 0, n[17] != 0, n[18] != 0
+    fused, half, norms_in_products, block = n[16] != 0, n[17] != 0, n[18] != 0, n[19] != 0
     N = x.shape[0]
+    if block and attn.numel() > 0:  # (DecoderLayer._decode_block)
+        return torch.ops.ferrox.decode_block(x, w[19], cos.reshape(N, D), sin.reshape(N, D), attn,
+                                             attn_ints[0], attn_ints[1], attn_ints[2])
     none = w[18]  # (an empty tensor: no norm in a product)
     # ---- attention (DecoderLayer.attention, _qkv, rotate, PagedBatchView.attend, _attend)
     plain = not has_qk_norm
@@ -341,12 +346,13 @@ def prepare(layer) -> DecodeArgs | None:
                qk_norm if qk_norm is not None else empty,
                layer.post_attn_norm if layer.post_attn_norm is not None else empty,
                layer.post_ffn_norm if layer.post_ffn_norm is not None else empty,
-               qkv_t[2], o_t[2], gate_up_t[2], down_t[2], empty]
+               qkv_t[2], o_t[2], gate_up_t[2], down_t[2], empty,
+               layer._block if layer._block is not None else empty]
     ints = [c.n_heads, c.n_kv_heads, D, qkv.codes.planes, o.codes.planes, gate_up.codes.planes,
             down.codes.planes, int(qk_norm is not None), int(layer.post_attn_norm is not None),
             int(layer.post_ffn_norm is not None), int(c.activation == "gelu_tanh"), INT4_GROUP,
             qkv_t[3], o_t[3], gate_up_t[3], down_t[3], int(layer._fused_attention),
-            int(spec.style == ROPE_HALF), int(layer._norms_in_products)]
+            int(spec.style == ROPE_HALF), int(layer._norms_in_products), int(layer._block is not None)]
     rows_max = min(p.narrow_rows_max if p.wide is not None else 1 << 30 for p in products)
     return DecodeArgs(tensors, ints, c.rms_eps, c.attention_scale, rows_max)
 

@@ -131,7 +131,9 @@ def sum8_ir(v: str, out: str, name: str) -> list[str]:
 
 def _quantize_ir(bf16: bool, normed: bool = False) -> str:
     """quantize_<f32|bf16>(x, xq, dx, xs, M, nb): every block of 32 of x [M, nb * 32]
-    -> xq int8, dx = max |x| / 127 and xs = dx * sum xq (float32 [M, nb]).
+    -> xq int8, dx = max |x| / 127 (float32 [M, nb, 8]: each block's repeated in 8 lanes, so
+    a product's tile multiplies it into a weight's scale with one vector instruction, no
+    broadcast of its own) and xs = dx * sum xq (float32 [M, nb]).
     quantize_normed(x, w, eps, ...): the same of x's RMS norm, x float32: each row times
     1 / sqrt(mean(x^2) + eps), then times w [nb * 32] (the product's pre-norm folded in, so
     a decode step runs no norm of its own: `matmul`'s `norm`)."""
@@ -235,7 +237,9 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
     body += sum8_ir("%sum", "%qsum", "t")
     body += ["  %ssum = fmul float %qsum, %d"]
     body += [
-        "  %dpp = getelementptr float, ptr %dx, i64 %gi", "  store float %d, ptr %dpp, align 4",
+        "  %dv0 = insertelement <8 x float> poison, float %d, i32 0",
+        "  %dv = shufflevector <8 x float> %dv0, <8 x float> poison, <8 x i32> zeroinitializer",
+        "  %dpp = getelementptr <8 x float>, ptr %dx, i64 %gi", "  store <8 x float> %dv, ptr %dpp, align 4",
         "  %xsp = getelementptr float, ptr %xs, i64 %gi", "  store float %ssum, ptr %xsp, align 4",
         "  %in = add i64 %i, 1", "  %bmore = icmp ult i64 %in, %nb",
         "  br i1 %bmore, label %blk, label %row_end",
@@ -274,7 +278,7 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
         a(f"  %xb{r} = mul i64 %xr{r}, 32")
         a(f"  %xp{r} = getelementptr i8, ptr %xq, i64 %xb{r}")
         a(f"  %dr{r} = mul i64 %rr{r}, %nb")
-        a(f"  %dp{r} = getelementptr float, ptr %dx, i64 %dr{r}")
+        a(f"  %dp{r} = getelementptr <8 x float>, ptr %dx, i64 %dr{r}")
         a(f"  %xsp{r} = getelementptr float, ptr %xs, i64 %dr{r}")
     keys = [(t, r, j) for t in range(outs) for r in range(rows) for j in range(2)]
     mins = [(t, r) for t in range(outs) for r in range(rows)]
@@ -338,12 +342,14 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
             a(f"  %ssp{t}_{j} = getelementptr half, ptr %ps{t}, i64 %bk{j}")
             a(f"  %ssh{t}_{j} = load half, ptr %ssp{t}_{j}, align 2")
             a(f"  %ss{t}_{j} = fpext half %ssh{t}_{j} to float")
+            a(f"  %ssi{t}_{j} = insertelement <8 x float> poison, float %ss{t}_{j}, i32 0")
+            a(f"  %ssv{t}_{j} = shufflevector <8 x float> %ssi{t}_{j}, <8 x float> poison, <8 x i32> zeroinitializer")
         for r in range(rows):
             a(f"  %xo{r}_{j} = mul i64 %bk{j}, 32")
             a(f"  %xpp{r}_{j} = getelementptr i8, ptr %xp{r}, i64 %xo{r}_{j}")
             a(f"  %x_{r}_{j} = load <32 x i8>, ptr %xpp{r}_{j}, align 1")
-            a(f"  %dsp{r}_{j} = getelementptr float, ptr %dp{r}, i64 %bk{j}")
-            a(f"  %ds{r}_{j} = load float, ptr %dsp{r}_{j}, align 4")
+            a(f"  %dsp{r}_{j} = getelementptr <8 x float>, ptr %dp{r}, i64 %bk{j}")
+            a(f"  %ds{r}_{j} = load <8 x float>, ptr %dsp{r}_{j}, align 4")
         for t in range(outs):
             for r in range(rows):
                 k = f"{t}_{r}_{j}"
@@ -360,9 +366,10 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
                     a(f"  %p16_{k} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {u}, <32 x i8> {v})")
                     a(f"  %p32_{k} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %p16_{k}, <16 x i16> splat (i16 1))")
                 a(f"  %f_{k} = sitofp <8 x i32> %p32_{k} to <8 x float>")
-                a(f"  %c_{k} = fmul float %ss{t}_{j}, %ds{r}_{j}")
-                a(f"  %c0_{k} = insertelement <8 x float> poison, float %c_{k}, i32 0")
-                a(f"  %cv_{k} = shufflevector <8 x float> %c0_{k}, <8 x float> poison, <8 x i32> zeroinitializer")
+                # the two scales' product in every lane (the output's block scale, broadcast
+                # once for every row, times x's, stored broadcast): the same float as one
+                # scalar product broadcast, one instruction instead of three a row
+                a(f"  %cv_{k} = fmul <8 x float> %ssv{t}_{j}, %ds{r}_{j}")
                 a(f"  %na_{k} = call <8 x float> @llvm.fma.v8f32(<8 x float> %cv_{k}, <8 x float> %f_{k}, <8 x float> %acc_{k})")
     a("  %blkn = add i64 %blk, 2")
     a("  %more = icmp ult i64 %blkn, %nb")
@@ -559,7 +566,7 @@ def _driver_ir(threaded: bool) -> str:
         "  %qbytes = mul i64 %qbytes0, 32",
         "  %dx = getelementptr i8, ptr %scratch, i64 %qbytes",
         "  %fl0 = mul i64 %M, %nb",
-        "  %fl = mul i64 %fl0, 4",
+        "  %fl = mul i64 %fl0, 32",
         "  %dxb = add i64 %qbytes, %fl",
         "  %xs = getelementptr i8, ptr %scratch, i64 %dxb",
         "  %isnorm = icmp ne ptr %norm, null",
@@ -596,20 +603,27 @@ def kernel_ir(threaded: bool, vnni: bool = False) -> str:
                 parts.append(_tile_ir(layout, rows, 2, vnni))
     parts += [_work_ir(), _driver_ir(threaded)]
     module = "\n".join(parts)
-    # The decode step's attention (app.models.decode_attention) shares the module: one
-    # compile, one cache entry, the same threads.
+    # The decode step's attention (app.models.decode_attention), its whole layer
+    # (app.models.decode_block) and a screened head's exact logits (app.models.head_rescoring)
+    # share the module: one compile, one cache entry, the same threads.
     from app.models.decode_attention import attention_ir
+    from app.models.decode_block import block_ir
+    from app.models.head_rescoring import rescoring_ir
 
-    return module + "\n" + attention_ir(threaded, module)
+    module += "\n" + attention_ir(threaded, module)
+    module += "\n" + rescoring_ir(threaded, module)
+    return module + "\n" + block_ir(module)
 
 
 # ---- compiling it once a process ------------------------------------------------------------
 
 
 class _Kernel:
-    def __init__(self, fn, attend, engine, threaded: bool, isa: str):
+    def __init__(self, fn, attend, rescore, block, engine, threaded: bool, isa: str):
         self.fn = fn
         self.attend = attend  # app.models.decode_attention's entry
+        self.rescore = rescore  # app.models.head_rescoring's
+        self.block = block  # app.models.decode_block's
         self.engine = engine  # keeps the machine code alive
         self.threaded = threaded
         self.isa = isa
@@ -694,7 +708,10 @@ def _compile() -> _Kernel:
     attend = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, ptr, i64, f32, ptr, i64, i64, i64, i64, i64, i64,
                               f32, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_int32)(
         engine.get_function_address("attend"))
-    return _Kernel(fn, attend, engine, threaded, isa + ("-VNNI" if vnni else ""))
+    rescore = ctypes.CFUNCTYPE(None, ptr, ptr, i64, ptr, i64, i64, ptr, ctypes.c_int32)(
+        engine.get_function_address("rescore"))
+    block = ctypes.CFUNCTYPE(None, ptr, ptr)(engine.get_function_address("block"))
+    return _Kernel(fn, attend, rescore, block, engine, threaded, isa + ("-VNNI" if vnni else ""))
 
 
 # Compiled kernels are kept in the data folder, named by everything that shapes their code
@@ -766,8 +783,8 @@ def unavailable_reason() -> str | None:
 
 
 def _scratch_bytes(rows: int, k: int) -> int:
-    """x's 8-bit rows, then dx and xs (float32 a block each)."""
-    return rows * (k + 8 * (k // GROUP))
+    """x's 8-bit rows, then dx (float32 x 8 a block) and xs (float32 a block)."""
+    return rows * (k + 36 * (k // GROUP))
 
 
 _scratches = threading.local()

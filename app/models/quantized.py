@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from app.models import head_rescoring
 from app.models.dequant import (_bits, _f16, _nibbles, _scale_min_k4, dequantize, dequantize_rows,
                                 native_types)
 from app.models.errors import ModelError
@@ -629,12 +630,17 @@ def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> to
     change no logit the screen ranks near the top."""
     out = screened.float()
     xf = x.float()
+    compiled = head_rescoring.serves(w.rows.ggml_type, xf)
     for start in range(0, out.shape[0], _RESCORE_ROWS):
         part = out[start: start + _RESCORE_ROWS]
         for r, row_ids in enumerate(_screened_top(part, w.exact_top)):
-            weights = dequantize_rows(w.rows.data.index_select(0, row_ids), w.rows.ggml_type,
-                                      w.in_features)
-            part[r].index_put_((row_ids,), weights.mul_(xf[start + r]).sum(-1))
+            if compiled:  # the rows read in place (app.models.head_rescoring)
+                exact = head_rescoring.rescore(xf[start + r], w.rows.data, row_ids)
+            else:
+                weights = dequantize_rows(w.rows.data.index_select(0, row_ids), w.rows.ggml_type,
+                                          w.in_features)
+                exact = weights.mul_(xf[start + r]).sum(-1)
+            part[r].index_put_((row_ids,), exact)
     return out
 
 

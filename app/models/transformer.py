@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from app.models import decode_attention, decode_step
+from app.models import decode_attention, decode_block, decode_step
 from app.models.causal_lm import KVFacts, KVView
 from app.models.errors import ModelError
 from app.models.quantized import QuantizedWeight, RawTensor, int4_linear
@@ -167,6 +167,9 @@ class DecoderLayer(torch.nn.Module):
         # (`_norms_fit_products`): decided with `_decode_args` and dropped with it.
         self._fused_attention = False
         self._norms_in_products = False
+        # Where a decode pass runs the whole layer in one compiled call (`decode_block`): its
+        # constants (the weights' addresses), made with `_decode_args` and dropped with it.
+        self._block: torch.Tensor | None = None
         # A decode step over at least this many keys asks SDPA per query head (`_attend`);
         # None: never. Set for the whole model (`TransformerLM.per_head_from`).
         self.per_head_from: int | None = None
@@ -183,6 +186,7 @@ class DecoderLayer(torch.nn.Module):
                 self.__dict__["_decode_args"] = None
             self.__dict__["_fused_attention"] = False
             self.__dict__["_norms_in_products"] = False
+            self.__dict__["_block"] = None
 
     def fuse_products(self) -> None:
         """Join Q, K, V (or Q, K) and gate, up into one product each, the slots becoming
@@ -213,6 +217,7 @@ class DecoderLayer(torch.nn.Module):
             self._qk_norm_of = (self.q_norm, self.k_norm)
         self._fused_attention = decode_attention.serves(self)
         self._norms_in_products = self._norms_fit_products()
+        self._block = decode_block.constants(self) if decode_block.serves(self) else None
         self._decode_args = decode_step.prepare(self)
 
     def _norms_fit_products(self) -> bool:
@@ -249,6 +254,10 @@ class DecoderLayer(torch.nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
                 ) -> torch.Tensor:
         """x [N, d] (the pass's S * T tokens, one per row) -> [N, d]."""
+        if self._block is not None:  # (a pass of decode steps alone: see `_decode_block`)
+            out = self._decode_block(x, rope, kv)
+            if out is not None:
+                return out
         eps = self.cfg.rms_eps
         # Without a norm after it, a branch's last product may stay in its kernel's dtype:
         # adding it to the residual stream promotes it (see `linear`).
@@ -346,6 +355,24 @@ class DecoderLayer(torch.nn.Module):
         # [S, H, T, D] -> [S * T, H * D]; one token's is the same memory read flat (a view)
         out = out.reshape(1, H * D) if S * T == 1 else out.transpose(1, 2).reshape(S * T, H * D)
         return linear_from(out, self.o, self.fmt.transposed, x.dtype, promotes)
+
+    def _decode_block(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVView
+                      ) -> torch.Tensor | None:
+        """A pass of decode steps alone, the whole layer in one compiled call (`decode_block`,
+        as the scripted step calls it): x [N, d] -> [N, d]; None for any other pass, KV dtype
+        or row count (the caller runs the layer's operations)."""
+        plan_of = getattr(kv, "decode_plan", None)
+        plan = plan_of(self.window) if plan_of is not None else None
+        args = self._decode_args
+        if plan is None or plan[0][0].dtype not in decode_attention.KV_KINDS or x.dtype != torch.float32 \
+                or args is None or x.shape[0] > args.rows_max:
+            return None
+        c, N = self.cfg, x.shape[0]
+        seqs = decode_attention.plan(*plan, [self.index], c.n_heads, c.n_kv_heads, c.head_dim)
+        cos, sin = rope
+        return torch.ops.ferrox.decode_block(x, self._block, cos.reshape(N, c.head_dim),
+                                             sin.reshape(N, c.head_dim), seqs.tables[0], seqs.kind,
+                                             seqs.longest, seqs.threads)
 
     def _attend_decode(self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVView
                        ) -> torch.Tensor | None:

@@ -1,0 +1,194 @@
+"""The exact logits behind a screened output projection (`quantized._rescored`), compiled
+with the 8-bit activation kernel (`app.models.int8_products`: the same LLVM module, threads
+and cache): each candidate's dot product with its row of x, read straight from the head's
+raw Q8_0 blocks.
+
+Why: a screened head recomputes about `exact_top` logits a row of logits exactly (SmolLM2:
+384 of 49,152; Gemma 3: 1,024 of 262,144). With torch operations that is a gather of the
+candidates' raw rows, their dequantization (a few operations of its own), a product with x
+and a sum, ~0.2-0.4 ms a row of logits on a 2-core CPU, and it grows with every stream of a
+batch; here it is one call a row that reads each candidate's blocks in place.
+
+The arithmetic, per candidate row n and block b of 32 (Q8_0: a float16 scale d, 32 signed
+bytes q):
+    w_i   = float(q_i) * float(d)        exact in float32 (11 bits times 8)
+    acc_c = fma(w_c, x_c, acc_c)         four accumulators of 8 lanes, one a quarter block
+    y_n   = the four summed as a fixed tree, then their 8 lanes likewise
+Every candidate's value is computed alone in one fixed order, so it depends neither on which
+other candidates or rows share the call nor on the threads: batching changes no bit (as the
+torch path: `_rescored`'s docstring). The candidates are split among torch's OpenMP threads
+in runs; each asks for the rows a few candidates ahead (their addresses are random to the
+hardware's prefetchers).
+"""
+
+from __future__ import annotations
+
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from app.models import int8_products
+
+GROUP = 32
+Q8_0_BLOCK_BYTES = 34  # float16 scale, then 32 signed bytes
+# Candidates ahead whose rows a thread asks for while it multiplies the current one.
+_PREFETCH_ROWS = 4
+# Below this many multiply-adds (candidates x inputs) one thread does the work: a parallel
+# region costs a few microseconds.
+_PARALLEL_WORK = 1 << 17
+
+_DECLARE = """
+declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
+"""
+# rescore_work's arguments: x, rows, row_bytes, ids, count, nb, out
+_ARGS = "%rescore_args = type { ptr, ptr, i64, ptr, i64, i64, ptr }"
+_FIELDS = (("ptr", "x"), ("ptr", "rows"), ("i64", "row_bytes"), ("ptr", "ids"),
+           ("i64", "count"), ("i64", "nb"), ("ptr", "out"))
+
+
+def _dot_ir() -> str:
+    """rescore_dot(x, row, nb) -> float: one Q8_0 row of nb blocks times x [nb * 32]."""
+    L = ["define internal float @rescore_dot(ptr %x, ptr %row, i64 %nb) {",
+         "entry:", "  br label %blk",
+         "blk:", "  %b = phi i64 [0, %entry], [%bn, %blk]"]
+    L += [f"  %a{c} = phi <8 x float> [zeroinitializer, %entry], [%an{c}, %blk]" for c in range(4)]
+    L += ["  %bo = mul i64 %b, 34",
+          "  %bp = getelementptr i8, ptr %row, i64 %bo",
+          "  %dh = load half, ptr %bp, align 1",
+          "  %d = fpext half %dh to float",
+          "  %dv0 = insertelement <8 x float> poison, float %d, i32 0",
+          "  %dv = shufflevector <8 x float> %dv0, <8 x float> poison, <8 x i32> zeroinitializer",
+          "  %xo = mul i64 %b, 32"]
+    for c in range(4):
+        L += [f"  %qp{c} = getelementptr i8, ptr %bp, i64 {2 + 8 * c}",
+              f"  %q{c} = load <8 x i8>, ptr %qp{c}, align 1",
+              f"  %qf{c} = sitofp <8 x i8> %q{c} to <8 x float>",
+              f"  %w{c} = fmul <8 x float> %qf{c}, %dv",
+              f"  %xi{c} = add i64 %xo, {8 * c}",
+              f"  %xp{c} = getelementptr float, ptr %x, i64 %xi{c}",
+              f"  %xv{c} = load <8 x float>, ptr %xp{c}, align 4",
+              f"  %an{c} = call <8 x float> @llvm.fma.v8f32(<8 x float> %w{c}, <8 x float> %xv{c}, <8 x float> %a{c})"]
+    L += ["  %bn = add i64 %b, 1", "  %more = icmp ult i64 %bn, %nb",
+          "  br i1 %more, label %blk, label %done",
+          "done:",
+          "  %s01 = fadd <8 x float> %an0, %an1", "  %s23 = fadd <8 x float> %an2, %an3",
+          "  %s = fadd <8 x float> %s01, %s23"]
+    L += int8_products.sum8_ir("%s", "%y", "rs")
+    L += ["  ret float %y", "}"]
+    return "\n".join(L)
+
+
+def _work_ir() -> str:
+    """rescore_work(args, tid, nth): this thread's run of the candidates."""
+    L = ["define internal void @rescore_work(ptr %argp, i64 %tid, i64 %nth) {", "entry:"]
+    for i, (ty, name) in enumerate(_FIELDS):
+        L += [f"  %{name}p = getelementptr %rescore_args, ptr %argp, i32 0, i32 {i}",
+              f"  %{name} = load {ty}, ptr %{name}p"]
+    L += ["  %c1 = add i64 %count, %nth", "  %c2 = sub i64 %c1, 1",
+          "  %chunk = udiv i64 %c2, %nth",
+          "  %i0a = mul i64 %tid, %chunk", "  %i0lt = icmp ult i64 %i0a, %count",
+          "  %i0 = select i1 %i0lt, i64 %i0a, i64 %count",
+          "  %i1a = add i64 %i0, %chunk", "  %i1lt = icmp ult i64 %i1a, %count",
+          "  %i1 = select i1 %i1lt, i64 %i1a, i64 %count",
+          "  %any = icmp ult i64 %i0, %i1",
+          "  br i1 %any, label %cand, label %fin",
+          "cand:",
+          "  %i = phi i64 [%i0, %entry], [%in, %next]",
+          # ask for the row _PREFETCH_ROWS candidates ahead, line by line (within this run)
+          f"  %ia = add i64 %i, {_PREFETCH_ROWS}",
+          "  %ahead = icmp ult i64 %ia, %i1",
+          "  br i1 %ahead, label %pf_start, label %dot",
+          "pf_start:",
+          "  %pidp = getelementptr i64, ptr %ids, i64 %ia",
+          "  %pid = load i64, ptr %pidp, align 8",
+          "  %po = mul i64 %pid, %row_bytes",
+          "  %prow = getelementptr i8, ptr %rows, i64 %po",
+          "  br label %pf",
+          "pf:",
+          "  %pl = phi i64 [0, %pf_start], [%pln, %pf]",
+          "  %plp = getelementptr i8, ptr %prow, i64 %pl",
+          "  call void @llvm.prefetch.p0(ptr %plp, i32 0, i32 3, i32 1)",
+          "  %pln = add i64 %pl, 64",
+          "  %pmore = icmp ult i64 %pln, %row_bytes",
+          "  br i1 %pmore, label %pf, label %dot",
+          "dot:",
+          "  %idp = getelementptr i64, ptr %ids, i64 %i",
+          "  %id = load i64, ptr %idp, align 8",
+          "  %ro = mul i64 %id, %row_bytes",
+          "  %row = getelementptr i8, ptr %rows, i64 %ro",
+          "  %y = call float @rescore_dot(ptr %x, ptr %row, i64 %nb)",
+          "  %yp = getelementptr float, ptr %out, i64 %i",
+          "  store float %y, ptr %yp, align 4",
+          "  br label %next",
+          "next:",
+          "  %in = add i64 %i, 1",
+          "  %more = icmp ult i64 %in, %i1",
+          "  br i1 %more, label %cand, label %fin",
+          "fin:", "  ret void", "}"]
+    return "\n".join(L)
+
+
+def _driver_ir(threaded: bool) -> str:
+    """rescore(x, rows, row_bytes, ids, count, nb, out, threads)."""
+    extra, run = int8_products.parallel_ir(threaded, "rescore_work", "rescore_omp_body")
+    L = ["define void @rescore(ptr %x, ptr %rows, i64 %row_bytes, ptr %ids, i64 %count, "
+         "i64 %nb, ptr %out, i32 %threads) {",
+         "entry:", "  %a = alloca %rescore_args"]
+    for i, (ty, name) in enumerate(_FIELDS):
+        L += [f"  %f{i} = getelementptr %rescore_args, ptr %a, i32 0, i32 {i}",
+              f"  store {ty} %{name}, ptr %f{i}"]
+    L += [*run, "  ret void", "}"]
+    return extra + "\n".join(L)
+
+
+def rescoring_ir(threaded: bool, declared: str) -> str:
+    """This kernel's part of the module; `declared` is the rest of it (declarations it
+    shares are not repeated)."""
+    header = "\n".join(line for line in _DECLARE.strip().splitlines()
+                       if line.split("(")[0] + "(" not in declared)
+    return "\n".join([header, _ARGS, _dot_ir(), _work_ir(), _driver_ir(threaded)])
+
+
+# ---- calling it -------------------------------------------------------------------------------
+
+
+def serves(ggml_type, x: torch.Tensor) -> bool:
+    """Whether rows stored as `ggml_type` are rescored here for x (on the CPU, float32
+    width whole blocks) where the kernel compiled."""
+    return (ggml_type == GGMLQuantizationType.Q8_0 and x.device.type == "cpu"
+            and x.shape[-1] % GROUP == 0 and int8_products.kernel() is not None)
+
+
+def rescore(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """x float32 [K] (any float dtype is converted), rows uint8 [V, K / 32 * 34] (Q8_0
+    blocks), ids int64 [n] in 0..V-1 -> float32 [n]: each id's row times x."""
+    k = int8_products.kernel()
+    if k is None:
+        raise RuntimeError(f"The compiled kernels are not available: {int8_products.unavailable_reason()}")
+    K = x.shape[-1]
+    if x.dim() != 1 or K % GROUP:
+        raise ValueError("head_rescoring.rescore: x must be one row of whole blocks of 32")
+    nb = K // GROUP
+    if not (rows.dtype == torch.uint8 and rows.dim() == 2 and rows.shape[1] == nb * Q8_0_BLOCK_BYTES):
+        raise ValueError(f"head_rescoring.rescore: rows {tuple(rows.shape)} are not Q8_0 rows of {K}")
+    if rows.stride(1) != 1 or rows.stride(0) < rows.shape[1]:
+        rows = rows.contiguous()
+    if ids.dtype != torch.int64 or not ids.is_contiguous() or ids.dim() != 1:
+        ids = ids.to(torch.int64).contiguous().view(-1)
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < rows.shape[0]):
+        raise ValueError("head_rescoring.rescore: an id outside the rows")  # the kernel trusts ids
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    out = torch.empty(ids.numel(), dtype=torch.float32)
+    if ids.numel():
+        threads = torch.get_num_threads() if ids.numel() * K >= _PARALLEL_WORK else 1
+        k.rescore(xf.data_ptr(), rows.data_ptr(), rows.stride(0), ids.data_ptr(), ids.numel(), nb,
+                  out.data_ptr(), threads)
+    return out
+
+
+def reference(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """What `rescore` computes, in float64 from the blocks: for the tests."""
+    blocks = rows.index_select(0, ids).reshape(ids.numel(), -1, Q8_0_BLOCK_BYTES)
+    d = blocks[..., :2].contiguous().view(torch.float16).double()  # [n, nb, 1]
+    q = blocks[..., 2:].contiguous().view(torch.int8).double()  # [n, nb, 32]
+    return ((q * d).reshape(ids.numel(), -1) * x.double()).sum(-1)

@@ -1,0 +1,89 @@
+"""A screened head's exact logits, compiled (app/models/head_rescoring.py): each candidate's
+dot product with x read from its raw Q8_0 blocks, against a float64 reference; which other
+candidates or threads share the call changes no bit; bad ids and rows are refused before the
+kernel runs; the screened head uses it for Q8_0 rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import quants as gguf_quants
+from gguf.constants import GGMLQuantizationType as T
+
+from app.models import head_rescoring as R
+from app.models import int8_products
+
+pytestmark = pytest.mark.skipif(not int8_products.available(),
+                                reason=f"the compiled kernels cannot run here ({int8_products.unavailable_reason()})")
+
+
+def _rows(vocab: int, width: int, seed: int) -> torch.Tensor:
+    values = np.random.default_rng(seed).standard_normal((vocab, width)).astype(np.float32) * 0.05
+    return torch.from_numpy(np.ascontiguousarray(gguf_quants.quantize(values, T.Q8_0)))
+
+
+@pytest.mark.parametrize("width", [32, 576, 640])
+def test_each_candidate_is_its_rows_product_with_x(width):
+    rows = _rows(3000, width, seed=1)
+    x = torch.randn(width, generator=torch.Generator().manual_seed(2)) * 3
+    ids = torch.tensor([0, 2999, 17, 17, 1500])
+    got = R.rescore(x, rows, ids)
+    want = R.reference(x, rows, ids)
+    assert got.dtype == torch.float32 and got.shape == (5,)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    # ... which is the dequantized row's product, as the torch path computes it
+    from app.models.dequant import dequantize_rows
+
+    torch.testing.assert_close(got, dequantize_rows(rows.index_select(0, ids), T.Q8_0, width) @ x,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_other_candidates_and_threads_change_no_bit():
+    rows = _rows(5000, 640, seed=3)
+    x = torch.randn(640, generator=torch.Generator().manual_seed(4))
+    ids = torch.randperm(5000, generator=torch.Generator().manual_seed(5))[:1024]  # threaded
+    assert ids.numel() * 640 >= R._PARALLEL_WORK
+    together = R.rescore(x, rows, ids)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = R.rescore(x, rows, ids)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, one_thread)
+    for start in (0, 333, 1000):
+        assert torch.equal(R.rescore(x, rows, ids[start:start + 7]), together[start:start + 7])
+    assert R.rescore(x, rows, torch.empty(0, dtype=torch.int64)).shape == (0,)
+
+
+def test_bad_ids_and_rows_are_refused():
+    rows = _rows(100, 64, seed=6)
+    x = torch.randn(64)
+    with pytest.raises(ValueError, match="outside"):
+        R.rescore(x, rows, torch.tensor([3, 100]))
+    with pytest.raises(ValueError, match="outside"):
+        R.rescore(x, rows, torch.tensor([-1]))
+    with pytest.raises(ValueError, match="Q8_0 rows"):
+        R.rescore(torch.randn(96), rows, torch.tensor([0]))
+    with pytest.raises(ValueError, match="whole blocks"):
+        R.rescore(torch.randn(2, 64), rows, torch.tensor([0]))
+
+
+def test_a_screened_q8_0_head_rescores_here(monkeypatch):
+    import app.models.quantized as quantized
+    from app.models.layers import WeightFormat, linear
+    from app.models.quantized import RawTensor
+
+    monkeypatch.setattr(quantized, "SCREEN_MIN_ROWS", 1)
+    calls = []
+    real = R.rescore
+    monkeypatch.setattr(R, "rescore", lambda *a: calls.append(1) or real(*a))
+    vocab, width = 4096, 128
+    raw = RawTensor(_rows(vocab, width, seed=7), T.Q8_0, (vocab, width))
+    head = WeightFormat(torch.float16, False, None, True, torch.bfloat16).prepare(raw, output=True)
+    x = torch.randn(2, width, generator=torch.Generator().manual_seed(8))
+    got = linear(x, head, False)
+    assert len(calls) == 2  # one call a row of logits
+    exact = x @ raw.dequantize().t()
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The scripted decode step (app/models/decode_step.py) against the layers' Python, side by
+"""A decode pass's step (app/models/decode_step.py: TorchScript, or every layer one compiled
+call, `app/models/decode_block.py`, on 8-bit activations) against the layers' Python, side by
 side in one process: one engine, the two ways taken in turn (alternating which goes first),
 one stream and four streams after short prompts, 96 greedy tokens each; prints each way's
 median tokens per second and whether both produced the same tokens.
@@ -35,8 +36,8 @@ def main() -> None:
 
     configure_cpu_threads()
     loaded = load_on(resolve_model_path(args.model, None), "cpu", "auto")
-    scripted = decode_step.compiled()
-    if decode_step.mode(loaded.model) != "TorchScript":
+    mode = decode_step.mode(loaded.model)
+    if mode not in ("TorchScript", "compiled layers"):
         sys.exit(f"decode steps of this model run in {decode_step.mode(loaded.model)}: nothing to compare")
     engine = Engine(loaded, EngineConfig(kv_tokens=8192))
     tok = loaded.tokenizer
@@ -50,27 +51,27 @@ def main() -> None:
                                  for k, ids in prompts.items()})
         return _decoding_rate(traces), {k: t.finished.completion_ids for k, t in traces.items()}
 
-    rates = {way: {1: [], 4: []} for way in ("python", "torchscript")}
+    rates = {way: {1: [], 4: []} for way in ("python", "step")}
     tokens = {}
-    original = decode_step.compiled
+    original = decode_step.run
     try:
         for i in range(args.rounds):
-            for way in (("python", "torchscript") if i % 2 else ("torchscript", "python")):
-                decode_step.compiled = (lambda: scripted) if way == "torchscript" else (lambda: None)
+            for way in (("python", "step") if i % 2 else ("step", "python")):
+                decode_step.run = original if way == "step" else (lambda *args, **kwargs: None)
                 for n in (1, 4):
                     rate, ids = streams(n)
                     rates[way][n].append(rate)
                     tokens.setdefault((way, n), ids)
     finally:
-        decode_step.compiled = original
-    result = {"model": loaded.name, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        decode_step.run = original
+    result = {"model": loaded.name, "step": mode, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "threads": torch.get_num_threads(),
-              "same_tokens": all(tokens[("python", n)] == tokens[("torchscript", n)] for n in (1, 4))}
+              "same_tokens": all(tokens[("python", n)] == tokens[("step", n)] for n in (1, 4))}
     for way, by_n in rates.items():
         for n, values in by_n.items():
             result[f"{way}_{n}_streams_tokens_per_s"] = round(statistics.median(values), 1)
     for n in (1, 4):
-        result[f"speedup_{n}_streams"] = round(result[f"torchscript_{n}_streams_tokens_per_s"]
+        result[f"speedup_{n}_streams"] = round(result[f"step_{n}_streams_tokens_per_s"]
                                                / result[f"python_{n}_streams_tokens_per_s"], 2)
     print(json.dumps(result, indent=1))
 

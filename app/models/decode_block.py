@@ -321,45 +321,67 @@ def block(x: torch.Tensor, consts: torch.Tensor, cos: torch.Tensor, sin: torch.T
     """x [N, d] float32, the residual stream of a decode pass (one row a sequence) -> the
     layer's output [N, d]; consts: `constants(layer)`; cos, sin [N, D]; table, kind,
     longest, attn_threads: the layer's of a `decode_attention.Plan` (as `attend` takes them)."""
+    return layers(x, [consts], [cos], [sin], [table], kind, longest, attn_threads)
+
+
+def layers(x: torch.Tensor, consts: list[torch.Tensor], coss: list[torch.Tensor],
+           sins: list[torch.Tensor], tables: list[torch.Tensor], kind: int, longest: int,
+           attn_threads: int) -> torch.Tensor:
+    """`block` for several layers in turn (layer i: consts[i], coss[i], sins[i], tables[i]),
+    checked and laid out once: the same kernel on the same values, so the same bits as a
+    call a layer (the scripted step's or the layers' Python), without a dispatch a layer."""
     k = int8_products.kernel()
     if k is None:
         raise RuntimeError(f"The compiled kernels are not available: {int8_products.unavailable_reason()}")
-    if not (consts.dtype == torch.int64 and consts.numel() == len(CONSTANT_FIELDS)):
-        raise ValueError("decode_block: constants from `decode_block.constants`")
-    H, Hkv, D, d, F = consts[_DIMS].tolist()
+    if not (consts and len(consts) == len(coss) == len(sins) == len(tables)):
+        raise ValueError("decode_block: constants, cos, sin and a table a layer")
+    dims = None
+    for c in consts:
+        if not (c.dtype == torch.int64 and c.numel() == len(CONSTANT_FIELDS) and c.is_contiguous()):
+            raise ValueError("decode_block: constants from `decode_block.constants`")
+        these = c[_DIMS].tolist()
+        if dims is not None and these != dims:
+            raise ValueError("decode_block: layers of different shapes")
+        dims = these
+    H, Hkv, D, d, F = dims
     N = x.shape[0]
     if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == d):
         raise ValueError(f"decode_block: x must be float32 [N, {d}]")
     if not x.is_contiguous():
         x = x.contiguous()
-    if not (cos.dtype == sin.dtype == torch.float32 and cos.numel() == sin.numel() == N * D
-            and cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError("decode_block: cos and sin must be float32 [N, D]")
-    if not (table.dtype == torch.int64 and table.is_contiguous() and table.shape == (N, 7)
-            and kind in decode_attention._KIND_NAMES and longest >= 1 and attn_threads >= 1):
-        raise ValueError("decode_block: a table [N, 7] from `decode_attention.plan`")
-    threads = torch.get_num_threads()
+    for cos, sin, table in zip(coss, sins, tables):
+        if not (cos.dtype == sin.dtype == torch.float32 and cos.numel() == sin.numel() == N * D
+                and cos.is_contiguous() and sin.is_contiguous()):
+            raise ValueError("decode_block: cos and sin must be float32 [N, D]")
+        if not (table.dtype == torch.int64 and table.is_contiguous() and table.shape == (N, 7)):
+            raise ValueError("decode_block: a table [N, 7] from `decode_attention.plan`")
+    if not (kind in decode_attention._KIND_NAMES and longest >= 1 and attn_threads >= 1):
+        raise ValueError("decode_block: the kind, longest and threads of a `decode_attention.Plan`")
     G = H // Hkv
     cmax = (longest + decode_attention.PART_KEYS - 1) // decode_attention.PART_KEYS
     parts = N * Hkv * cmax * G
-    widest = max(d, H * D, F)
     sizes = {  # bytes of each buffer, in CALL_FIELDS order after "threads"
-        "mscratch": int8_products._scratch_bytes(N, widest),
+        "mscratch": int8_products._scratch_bytes(N, max(d, H * D, F)),
         "qbuf": 4 * N * H * D, "tmp": 4 * D, "sbufs": 4 * attn_threads * G * decode_attention.PART_KEYS,
         "obufs": 4 * parts * D, "mbufs": 4 * parts, "lbufs": 4 * parts,
         "y_qkv": 4 * N * (H + 2 * Hkv) * D, "y_attn": 4 * N * H * D, "y_d": 4 * N * d,
         "y_gate_up": 8 * N * F, "y_gated": 4 * N * F}
-    at, total = {}, 0
-    for name, size in sizes.items():
-        at[name] = total
+    at, total = [], 0
+    for size in sizes.values():
+        at.append(total)
         total += (size + 63) // 64 * 64  # each buffer on its own cache lines
     base = _buffer(total).data_ptr()
-    out = torch.empty(N, d, dtype=torch.float32)
+    outs = [torch.empty(N, d, dtype=torch.float32) for _ in range(min(2, len(consts)))]
     call = (ctypes.c_int64 * len(CALL_FIELDS))(
-        x.data_ptr(), out.data_ptr(), N, cos.data_ptr(), sin.data_ptr(), table.data_ptr(), kind,
-        cmax, attn_threads, threads, *(base + at[name] for name in sizes))
-    k.block(consts.data_ptr(), ctypes.addressof(call))
-    return out
+        0, 0, N, 0, 0, 0, kind, cmax, attn_threads, torch.get_num_threads(), *(base + a for a in at))
+    inp = x
+    for i, (c, cos, sin, table) in enumerate(zip(consts, coss, sins, tables)):
+        out = outs[i % len(outs)]  # (in and out alternate: a layer never writes its input)
+        call[0], call[1], call[3], call[4], call[5] = (inp.data_ptr(), out.data_ptr(), cos.data_ptr(),
+                                                       sin.data_ptr(), table.data_ptr())
+        k.block(c.data_ptr(), ctypes.addressof(call))
+        inp = out
+    return inp
 
 
 _buffers = __import__("threading").local()

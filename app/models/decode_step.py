@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 
 import app.models.int8_products  # noqa: F401 - registers torch.ops.ferrox.int8_matmul, which `_int4` calls
-import app.models.decode_block  # noqa: F401 - registers torch.ops.ferrox.decode_block
 from app.models import decode_attention  # registers torch.ops.ferrox.decode_attention
+from app.models import decode_block  # registers torch.ops.ferrox.decode_block
 from app.models.decode_attention import KV_KINDS
 
 log = logging.getLogger(__name__)
@@ -219,8 +219,10 @@ def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = N
             plans[layer.window] = plan_of(layer.window) if plan_of is not None else None
             if plans[layer.window] is None:
                 return None
+    blocks = [layer._block for layer in layers]
+    whole = all(b is not None for b in blocks)  # every layer one compiled call: no TorchScript
     step = compiled()
-    if step is None:
+    if step is None and not whole:
         return None
     datas, starts = next(iter(plans.values()))[:2]
     attns, attn_ints = [_NO_TABLE] * len(layers), [0, 1, 1]
@@ -234,6 +236,13 @@ def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = N
             for i, table in zip(at, seqs.tables):
                 attns[i] = table
             attn_ints = [seqs.kind, max(attn_ints[1], seqs.longest), max(attn_ints[2], seqs.threads)]
+    if whole:  # (the layers' own call, `DecoderLayer._decode_block`, layer after layer)
+        N, D = x.shape[0], args[0].ints[2]
+        return decode_block.layers(x, blocks, [tables[layer.rope][0].reshape(N, D) for layer in layers],
+                                   [tables[layer.rope][1].reshape(N, D) for layer in layers], attns,
+                                   *attn_ints)
+    if step is None:
+        return None
     return step(x, [a.tensors for a in args], [a.ints for a in args], args[0].eps, args[0].scale,
                 [tables[layer.rope][0] for layer in layers], [tables[layer.rope][1] for layer in layers],
                 datas, starts, [plans[layer.window][2] for layer in layers],
@@ -242,13 +251,16 @@ def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = N
 
 
 def mode(model) -> str:
-    """How `model`'s decode passes run: "TorchScript" (every layer in scope and the step
+    """How `model`'s decode passes run: "compiled layers" (every layer one compiled call,
+    `decode_block`, layer after layer), "TorchScript" (every layer in scope and the step
     compiled), "Python" (a layer outside the scope: float weights, ...) or "Python
     (TorchScript unavailable)". For the status bar's tooltip, `bench` and the frozen
     self-test (which fails on the last form: the scripted step's source was not shipped)."""
     if compiled() is None:
         return "Python (TorchScript unavailable)"
     layers = getattr(model, "layers", None)
+    if layers and all(getattr(layer, "_block", None) is not None for layer in layers):
+        return "compiled layers"
     if layers and all(getattr(layer, "_decode_args", None) is not None for layer in layers):
         return "TorchScript"
     return "Python"

@@ -67,7 +67,7 @@ def test_each_layer_computes_what_its_operations_compute(int8_model, kv_dtype, m
         return out
 
     monkeypatch.setattr(DecoderLayer, "_decode_block", both)
-    monkeypatch.setattr(decode_step, "compiled", lambda: None)
+    monkeypatch.setattr(decode_step, "run", lambda *args, **kwargs: None)  # the layers' Python
     _decode(int8_model, _prompts(3), 3, kv_dtype)
     assert len(compared) == 3 * len(int8_model.model.layers)  # every decode pass, every layer
 
@@ -141,5 +141,11 @@ def test_bad_arguments_are_refused(int8_model):
         decode_block.block(x, layer._block, cos[:1], sin[:1], table, 0, 1, 1)
     with pytest.raises(ValueError, match="table"):
         decode_block.block(x, layer._block, cos, sin, table[:1], 0, 1, 1)
-    with pytest.raises(ValueError, match="table"):
+    with pytest.raises(ValueError, match="kind"):
         decode_block.block(x, layer._block, cos, sin, table, 7, 1, 1)
+    with pytest.raises(ValueError, match="a table a layer"):
+        decode_block.layers(x, [layer._block] * 2, [cos], [sin], [table], 0, 1, 1)
+    other = layer._block.clone()
+    other[decode_block.CONSTANT_FIELDS.index("F")] += 64
+    with pytest.raises(ValueError, match="different shapes"):
+        decode_block.layers(x, [layer._block, other], [cos] * 2, [sin] * 2, [table] * 2, 0, 1, 1)

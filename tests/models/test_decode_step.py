@@ -114,7 +114,7 @@ def _assert_scripted_equals_python(loaded, kv_dtype, monkeypatch, scripted_calls
         f"alone-{k}": v for k, v in _decode(loaded, prompts, 2, kv_dtype, together=False).items()}
     layers = len(loaded.model.layers)
     assert scripted_calls == [layers] * (4 + 3 * 2)  # every decode step (all layers), no prefill
-    monkeypatch.setattr(decode_step, "compiled", lambda: None)
+    monkeypatch.setattr(decode_step, "run", lambda *args, **kwargs: None)  # the layers' Python
     python = _decode(loaded, prompts, 4, kv_dtype) | {
         f"alone-{k}": v for k, v in _decode(loaded, prompts, 2, kv_dtype, together=False).items()}
     for key in python:
@@ -131,9 +131,16 @@ def test_scripted_decode_equals_the_python_path(int4_model, kv_dtype, monkeypatc
     _assert_scripted_equals_python(int4_model, kv_dtype, monkeypatch, scripted_calls)
 
 
-def test_scripted_decode_on_the_8_bit_activation_kernel_equals_the_python_path(
-        int8_model, monkeypatch, scripted_calls):
-    _assert_scripted_equals_python(int8_model, torch.bfloat16, monkeypatch, scripted_calls)
+def test_compiled_layers_on_the_8_bit_activation_kernel_equal_the_python_path(int8_model, monkeypatch):
+    """Every layer one compiled call (app/models/decode_block.py), called layer after layer
+    for the whole pass, without TorchScript; the layers' Python calls it a layer at a time."""
+    from app.models import decode_block
+
+    assert decode_step.mode(int8_model.model) == "compiled layers"
+    calls = []
+    layers = decode_block.layers
+    monkeypatch.setattr(decode_block, "layers", lambda *args: calls.append(len(args[1])) or layers(*args))
+    _assert_scripted_equals_python(int8_model, torch.bfloat16, monkeypatch, calls)
 
 
 def test_a_sequence_past_the_sliding_window_decodes_as_in_python(int4_model, monkeypatch, scripted_calls):
@@ -143,7 +150,7 @@ def test_a_sequence_past_the_sliding_window_decodes_as_in_python(int4_model, mon
     prompts = {"long": [1] + [(13 * j) % 3000 + 60 for j in range(length)], "short": _prompts(1)["s0"]}
     scripted = _decode(int4_model, prompts, 3, torch.bfloat16)
     assert scripted_calls
-    monkeypatch.setattr(decode_step, "compiled", lambda: None)
+    monkeypatch.setattr(decode_step, "run", lambda *args, **kwargs: None)
     python = _decode(int4_model, prompts, 3, torch.bfloat16)
     for key in python:
         assert all(torch.equal(a, b) for a, b in zip(scripted[key], python[key], strict=True))

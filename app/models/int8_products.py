@@ -30,10 +30,15 @@ not depend on how many rows, or which, share the call: batching changes no bit.
 Layouts (`Int8Codes`), per output row, blocks in input order, planes one after the other:
   NIBBLES  32 bytes per pair of blocks: byte j holds block A's code j in its low nibble and
            block B's in its high one (GGUF's Q4_K stores its codes this way);
-  BYTES    32 bytes per block, one signed code a byte (Q8_0's own; Q5_0, Q5_1, Q5_K's 5-bit
-           codes). `vpmaddubsw` multiplies unsigned by signed bytes, so it takes
-           |c| and x with c's sign (`vpsignb`, as llama.cpp does): pairs of products then
-           stay within 2 * 128 * 127, short of saturating 16 bits.
+  BYTES    32 bytes per block, one signed code a byte (Q8_0's own; and 5-bit codes where
+           they join a Q8_0 weight in one product). `vpmaddubsw` multiplies unsigned by
+           signed bytes, so it takes |c| and x with c's sign (`vpsignb`, as llama.cpp
+           does): pairs of products then stay within 2 * 128 * 127, short of saturating
+           16 bits.
+  FIVES    40 bytes per pair of blocks, 5-bit codes 0..31 (Q5_0, Q5_1, Q5_K's): the pair's
+           low 4 bits as NIBBLES, then block A's fifth bits (4 bytes, bit j for code j),
+           then block B's: 5.5 bits a code where BYTES took 8 (Gemma 3 270M's Q5_0 products
+           read ~1/3 fewer bytes a decode step). The same products as BYTES, bit for bit.
 Scales and offsets are float16 [N, planes * nb], nb the blocks of a plane: as many bytes as
 torch's kernel reads for its bfloat16 scales and zeros, and exact for the blocks' own float16
 scales (a Q4_K scale d * sc rounds to float16, 1/2048 of itself at most). A decode step reads
@@ -63,7 +68,9 @@ log = logging.getLogger(__name__)
 GROUP = 32
 NIBBLES = 0
 BYTES = 1
-_CODE_BYTES = {NIBBLES: 16, BYTES: 32}  # bytes a block of 32 codes takes
+FIVES = 2
+LAYOUTS = (NIBBLES, BYTES, FIVES)
+_CODE_BYTES = {NIBBLES: 16, BYTES: 32, FIVES: 20}  # bytes a block of 32 codes takes
 # Rows of x one call's tiles hold at once: each row has its own accumulators (AVX2 has 16
 # vector registers: 2 outputs x 2 rows or 1 x 4, two accumulators each).
 _TILE_ROWS = 4
@@ -323,12 +330,20 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
     for (t, r, j) in keys:
         a(f"  %acc_{t}_{r}_{j} = phi <8 x float> [%pa_{t}_{r}_{j}, %plane], [%na_{t}_{r}_{j}, %pair]")
     for t in range(outs):
-        if layout == NIBBLES:  # one load for the pair; low nibbles block A, high block B
-            a(f"  %wo{t} = mul i64 %blk, 16")
+        if layout in (NIBBLES, FIVES):  # one load for the pair; low nibbles block A, high block B
+            a(f"  %wo{t} = mul i64 %blk, {bpb}")
             a(f"  %wp{t} = getelementptr i8, ptr %pc{t}, i64 %wo{t}")
             a(f"  %wv{t} = load <32 x i8>, ptr %wp{t}, align 1")
-            a(f"  %w_{t}_0 = and <32 x i8> %wv{t}, splat (i8 15)")
-            a(f"  %w_{t}_1 = lshr <32 x i8> %wv{t}, splat (i8 4)")
+            low = "w_" if layout == NIBBLES else "wl"  # (FIVES: the fifth bits join them)
+            a(f"  %{low}{t}_0 = and <32 x i8> %wv{t}, splat (i8 15)")
+            a(f"  %{low}{t}_1 = lshr <32 x i8> %wv{t}, splat (i8 4)")
+            for j in range(2 if layout == FIVES else 0):
+                # the fifth bits: 32 of them, bit i for code i, into 16 where set
+                a(f"  %hp{t}_{j} = getelementptr i8, ptr %wp{t}, i64 {32 + 4 * j}")
+                a(f"  %hb{t}_{j} = load i32, ptr %hp{t}_{j}, align 1")
+                a(f"  %hm{t}_{j} = bitcast i32 %hb{t}_{j} to <32 x i1>")
+                a(f"  %hz{t}_{j} = select <32 x i1> %hm{t}_{j}, <32 x i8> splat (i8 16), <32 x i8> zeroinitializer")
+                a(f"  %w_{t}_{j} = or <32 x i8> %wl{t}_{j}, %hz{t}_{j}")
         else:
             for j in range(2):
                 a(f"  %wb{t}_{j} = add i64 %blk, {j}")
@@ -353,7 +368,7 @@ def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
         for t in range(outs):
             for r in range(rows):
                 k = f"{t}_{r}_{j}"
-                if layout == NIBBLES:
+                if layout in (NIBBLES, FIVES):  # unsigned codes times x
                     u, v = f"%w_{t}_{j}", f"%x_{r}_{j}"
                 else:  # |c| times x with c's sign
                     a(f"  %xs_{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %x_{r}_{j}, <32 x i8> %w_{t}_{j})")
@@ -473,10 +488,10 @@ def _work_ir() -> str:
     a("  %Rl = mul i64 %layout, 8")
     a("  %sel = add i64 %Rl, %R")
     cases = " ".join(f"i64 {layout * 8 + R}, label %t{layout}_{R}"
-                     for layout in (NIBBLES, BYTES) for R in range(1, _TILE_ROWS + 1))
+                     for layout in LAYOUTS for R in range(1, _TILE_ROWS + 1))
     a(f"  switch i64 %sel, label %rows_next [ {cases} ]")
     args = "ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, ptr %xs, ptr %y, i64 %nb, i64 %N, i64 %planes, i64 %r0"
-    for layout in (NIBBLES, BYTES):
+    for layout in LAYOUTS:
         for R in range(1, _TILE_ROWS + 1):
             T = _OUTPUTS_FOR_ROWS[R]
             k = f"{layout}_{R}"
@@ -596,7 +611,7 @@ def kernel_ir(threaded: bool, vnni: bool = False) -> str:
     """The kernel's module: `vnni` for CPUs with AVX-512 VNNI (or AVX-VNNI), whose `vpdpbusd`
     sums four byte products into each 32-bit lane in one instruction."""
     parts = [_HEADER, _quantize_ir(False), _quantize_ir(True), _quantize_ir(False, normed=True)]
-    for layout in (NIBBLES, BYTES):
+    for layout in LAYOUTS:
         for rows in range(1, _TILE_ROWS + 1):
             parts.append(_tile_ir(layout, rows, 1, vnni))
             if _OUTPUTS_FOR_ROWS[rows] == 2:
@@ -883,6 +898,36 @@ def byte_codes(codes: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> Int8Cod
     return Int8Codes(codes.contiguous(), _half(s), _half(b), BYTES, 1)
 
 
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def five_codes(codes: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> Int8Codes:
+    """codes uint8 [N, K] in 0..31, w = s * c + b -> FIVES codes."""
+    N, K = codes.shape
+    pairs = codes.reshape(N, K // 64, 2, 32)
+    low = (pairs[:, :, 0] & 15) | ((pairs[:, :, 1] & 15) << 4)  # [N, K/64, 32]
+    # the fifth bits, 8 to a byte, bit i of byte j for code 8j + i (little-endian words)
+    bits = ((pairs >> 4) & 1).reshape(N, K // 64, 2, 4, 8)
+    high = (bits * _BIT_WEIGHTS).sum(-1, dtype=torch.uint8).reshape(N, K // 64, 8)
+    return Int8Codes(torch.cat((low, high), -1).reshape(N, K // 64 * 40).contiguous(),
+                     _half(s), _half(b), FIVES, 1)
+
+
+def as_bytes(w: Int8Codes) -> Int8Codes:
+    """FIVES codes as BYTES (the same integers: the same products, bit for bit), so a 5-bit
+    weight can join a Q8_0 one in one product (`layers.fuse`)."""
+    if w.layout == BYTES:
+        return w
+    if w.layout != FIVES or w.planes != 1:
+        raise ValueError("only 5-bit codes are also bytes")
+    N = w.codes.shape[0]
+    pairs = w.codes.reshape(N, -1, 40)
+    low, high = pairs[..., :32], pairs[..., 32:].reshape(N, -1, 2, 4, 1)
+    fifth = ((high >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(N, -1, 2, 32)
+    codes = torch.stack((low & 15, low >> 4), 2) | (fifth << 4)
+    return Int8Codes(codes.reshape(N, -1).view(torch.int8).contiguous(), w.scales, w.offsets, BYTES, 1)
+
+
 def cat_rows(chunks: list[Int8Codes]) -> Int8Codes:
     if len(chunks) == 1:
         return chunks[0]
@@ -908,6 +953,8 @@ def reference(x: torch.Tensor, w: Int8Codes) -> torch.Tensor:
         if w.layout == NIBBLES:
             raw = w.codes.reshape(N, w.planes, nb // 2, 32)[:, p]
             c = torch.stack((raw & 15, raw >> 4), dim=2).reshape(N, nb, GROUP)
+        elif w.layout == FIVES:
+            c = as_bytes(w).codes.view(torch.int8).reshape(N, nb, GROUP)
         else:
             c = w.codes.view(torch.int8).reshape(N, w.planes, nb, GROUP)[:, p]
         s = w.scales.reshape(N, w.planes, nb_w)[:, p].double()

@@ -9,12 +9,12 @@ activation dtype, as the reference implementations do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from app.models.int8_products import Int8Codes
+from app.models.int8_products import BYTES, FIVES, Int8Codes, as_bytes
 from app.models.quantized import (Int4Codes, QuantizedWeight, RawTensor, exact_top,
                                   int4_kernel_available, int4_linear, kernel_planes,
                                   pack_int8_raw, pack_raw, screen_raw, screens)
@@ -307,6 +307,10 @@ def fuse(weights: Sequence[Weight], transposed: bool) -> tuple[Weight, list[Weig
         wide, wide_parts = _join([w.wide for w in weights], 0)
         return DualWeight(narrow, wide), [DualWeight(n, w) for n, w in zip(narrow_parts, wide_parts)]
     if isinstance(first, QuantizedWeight):
+        layouts = {getattr(w.codes, "layout", None) for w in weights if isinstance(w, QuantizedWeight)}
+        if layouts == {BYTES, FIVES}:  # 5-bit codes joining a Q8_0 weight: all as bytes
+            weights = [replace(w, codes=as_bytes(w.codes)) for w in weights]
+            first = weights[0]
         same = all(isinstance(w, QuantizedWeight) and w.codes.planes == first.codes.planes
                    and type(w.codes) is type(first.codes)
                    and getattr(w.codes, "layout", None) == getattr(first.codes, "layout", None)

@@ -61,7 +61,8 @@ from app.models import head_rescoring
 from app.models.dequant import (_bits, _f16, _nibbles, _scale_min_k4, dequantize, dequantize_rows,
                                 native_types)
 from app.models.errors import ModelError
-from app.models.int8_products import Int8Codes, byte_codes, cat_rows, fits, matmul, nibble_codes
+from app.models.int8_products import (Int8Codes, byte_codes, cat_rows, fits, five_codes, matmul,
+                                      nibble_codes)
 from app.models.load_progress import report_within
 
 T = GGMLQuantizationType
@@ -70,6 +71,7 @@ INT4_GROUP = 32
 _INNER_K_TILES = 2
 INT4_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0})
 ONE_PLANE_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q4_K})
+FIVE_BIT_TYPES = frozenset({T.Q5_0, T.Q5_1, T.Q5_K})
 # Blocks with groups of 16, held as two planes that approximate them (`residual_planes`).
 RESIDUAL_TYPES = frozenset({T.Q2_K, T.Q3_K, T.Q6_K})
 # Output projections stored in these are screened (see the module docstring): every block type
@@ -482,10 +484,13 @@ def residual_planes(w: torch.Tensor, act_dtype: torch.dtype) -> Int4Codes:
 
 def int8_codes(form: Int4Form, ggml_type) -> Int8Codes:
     """An exact form (`int4_form`) for the 8-bit activation kernel: one plane of 4-bit codes;
-    else one signed byte a code, lo + 16h: Q8_0's own (h in -8..7), 5-bit blocks' 0..31 (h in
-    0..1). (One layout for both, so a Q8_0 V joins Q5_0 Q and K in one product.)"""
+    5-bit blocks' codes 0..31 (h in 0..1) in 5.5 bits a code; else one signed byte a code,
+    lo + 16h: Q8_0's own (h in -8..7). (A Q8_0 V joining Q5_0 Q and K in one product takes
+    theirs as bytes: `layers.fuse`.)"""
     if form.h is None:
         return nibble_codes([(form.lo, form.s, form.b)])
+    if ggml_type in FIVE_BIT_TYPES:
+        return five_codes(form.lo | (form.h.to(torch.uint8) << 4), form.s, form.b)
     return byte_codes(form.lo.to(torch.int8) + 16 * form.h, form.s, form.b)
 
 

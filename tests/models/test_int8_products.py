@@ -30,10 +30,17 @@ def _byte_weight(n: int, k: int, seed: int) -> P.Int8Codes:
                         torch.randn(n, k // 32, generator=gen) * 0.01)
 
 
+def _five_weight(n: int, k: int, seed: int) -> P.Int8Codes:
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.rand(n, k // 32, generator=gen) * 0.002
+    return P.five_codes(torch.randint(0, 32, (n, k), dtype=torch.uint8, generator=gen), s, -16 * s)
+
+
 WEIGHTS = {
     "nibbles": lambda: _nibble_weight(101, 640, 1, 0),  # odd outputs: a tile of one at the end
     "two nibble planes": lambda: _nibble_weight(64, 576, 2, 1),  # 18 blocks: padded to 24
     "bytes": lambda: _byte_weight(37, 1536, 2),
+    "fives": lambda: _five_weight(45, 640, 3),
 }
 
 
@@ -42,7 +49,7 @@ WEIGHTS = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_computes_its_reference(name, dtype):
     w = WEIGHTS[name]()
-    k = w.codes.shape[1] * (2 if w.layout == P.NIBBLES else 1) // w.planes
+    k = w.scales.shape[1] // w.planes * 32  # (inputs: blocks of 32 a plane)
     gen = torch.Generator().manual_seed(3)
     for rows in (1, 2, 3, 4, 5, 9):
         x = (torch.randn(rows, k, generator=gen) * 3).to(dtype)
@@ -57,7 +64,7 @@ def test_the_kernel_computes_its_reference(name, dtype):
 @pytest.mark.parametrize("name", WEIGHTS)
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_threads(name):
     w = WEIGHTS[name]()
-    k = w.codes.shape[1] * (2 if w.layout == P.NIBBLES else 1) // w.planes
+    k = w.scales.shape[1] // w.planes * 32  # (inputs: blocks of 32 a plane)
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(4))
     together = P.matmul(x, w)
     for rows in (1, 2, 3, 4, 7):
@@ -87,7 +94,8 @@ def test_gguf_blocks_map_onto_the_layouts_exactly(t):
     gguf_py_quantizes = t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # not the k-quants
     for raw in (random_blocks(t, seed=5),) + ((quantized_blocks(t, seed=6),) if gguf_py_quantizes else ()):
         w = int8_codes(int4_form(raw), t)
-        assert w.layout == (P.NIBBLES if t in (T.Q4_0, T.Q4_1, T.Q4_K) else P.BYTES)
+        assert w.layout == (P.NIBBLES if t in (T.Q4_0, T.Q4_1, T.Q4_K) else P.BYTES if t == T.Q8_0
+                            else P.FIVES)
         assert w.scales.dtype == w.offsets.dtype == torch.float16
         exact = raw.dequantize().double()
         if t in (T.Q4_K, T.Q5_K):
@@ -107,6 +115,13 @@ def _held(w: P.Int8Codes) -> torch.Tensor:
         if w.layout == P.NIBBLES:
             raw = w.codes.reshape(n, w.planes, -1, 32)[:, p]  # [n, pairs, 32]
             codes = torch.stack((raw & 15, raw >> 4), dim=2).reshape(n, -1, 32)
+        elif w.layout == P.FIVES:  # (one plane) a pair: 32 bytes of nibbles, 2 x 4 of fifth bits
+            pairs = w.codes.reshape(n, -1, 40)
+            low = torch.stack((pairs[..., :32] & 15, pairs[..., :32] >> 4), dim=2)  # [n, pairs, 2, 32]
+            words = pairs[..., 32:].reshape(n, -1, 2, 4).to(torch.int64)
+            bits = (words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24)
+            fifth = (bits[..., None] >> torch.arange(32)) & 1  # bit i for code i
+            codes = (low.to(torch.int64) + 16 * fifth).reshape(n, -1, 32)
         else:
             codes = w.codes.view(torch.int8).reshape(n, w.planes, -1, 32)[:, p]
         s = w.scales.reshape(n, w.planes, -1)[:, p, :, None].double()
@@ -199,6 +214,27 @@ def test_joined_weights_multiply_like_their_parts_and_layouts_stay_apart():
 
 
 @needs_kernel
+def test_five_bit_codes_are_byte_codes_in_fewer_bytes_and_join_them_as_bytes():
+    """The same codes as FIVES and as BYTES: the same products bit for bit; a 5-bit weight
+    joining a byte one (Gemma 3's Q5_0 Q and K beside a Q8_0 V) joins as bytes."""
+    from app.models.layers import fuse
+
+    five = _five_weight(40, 256, 13)
+    assert five.codes.shape == (40, 256 // 64 * 40)  # 5.5 bits a code (BYTES: 8)
+    as_bytes = P.as_bytes(five)
+    assert as_bytes.layout == P.BYTES and torch.equal(_held(as_bytes), _held(five))
+    for rows in (1, 3, 4, 6):
+        x = torch.randn(rows, 256)
+        assert torch.equal(P.matmul(x, five), P.matmul(x, as_bytes))
+    parts = [QuantizedWeight(five, 40, 256, torch.float32),
+             QuantizedWeight(_byte_weight(32, 256, 14), 32, 256, torch.float32)]
+    joined, views = fuse(parts, transposed=False)
+    assert joined.codes.layout == P.BYTES and all(v.codes.layout == P.BYTES for v in views)
+    x = torch.randn(2, 256)
+    assert torch.equal(int4_linear(x, joined), torch.cat([int4_linear(x, p) for p in parts], dim=-1))
+
+
+@needs_kernel
 def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkeypatch, tmp_path):
     import llvmlite.binding as llvm
 
@@ -235,7 +271,7 @@ def test_with_a_norm_it_multiplies_the_rms_norm_of_x(name):
     is not torch's, so a value on a rounding boundary may round the other way: the result
     is the reference's to a few of those steps, and bit for bit the same in any batch."""
     w = WEIGHTS[name]()
-    k = w.codes.shape[1] * (2 if w.layout == P.NIBBLES else 1) // w.planes
+    k = w.scales.shape[1] // w.planes * 32  # (inputs: blocks of 32 a plane)
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(9, k, generator=gen) * 3
     norm = torch.rand(k, generator=gen) + 0.5

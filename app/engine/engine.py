@@ -45,6 +45,7 @@ from app.engine.request import Phase, Request
 from app.engine.thread_tuner import ThreadTuner
 from app.engine.sampling import SamplingParams
 from app.heap import release_freed_memory
+from app.models import decode_step
 from app.models.loader import LoadedModel
 
 
@@ -108,6 +109,8 @@ class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig(),
                  kv_store: KVDiskStore | None = None):
         self.loaded = loaded
+        # Decode passes on a path of their own: one-token requests run apart (`_forward`).
+        self._decode_apart = decode_step.compiled_layers(loaded.model)
         self.config = config
         # The prefix cache on disk (optional): finished conversations are saved when the
         # engine is idle, and a prompt extending a saved prefix reads it back.
@@ -514,8 +517,23 @@ class Engine:
                 self._release(request, publish=False)
 
     def _forward(self, batch: list[tuple[Request, list[int]]]) -> torch.Tensor:
-        """Run every request's new tokens in one pass; logits [len(batch), V], one row per
-        request (its last token's)."""
+        """Every request's new tokens -> logits [len(batch), V], one row per request (its
+        last token's). One pass, except where the model's decode passes run a path of their
+        own (`decode_step.compiled_layers`: a layer one compiled call, whose float32
+        glue is not torch's bit for bit): there requests adding one token run in a pass of
+        their own beside the prompt chunks' pass, so a token is computed the same way
+        whether or not a prompt is read beside it (batching changes no greedy token)."""
+        ones = [i for i, (_, chunk) in enumerate(batch) if len(chunk) == 1]
+        if 0 < len(ones) < len(batch) and self._decode_apart:
+            rest = [i for i in range(len(batch)) if len(batch[i][1]) != 1]
+            parts = [self._forward_pass([batch[i] for i in ones]), self._forward_pass([batch[i] for i in rest])]
+            logits = torch.empty(len(batch), parts[0].shape[1], dtype=parts[0].dtype)
+            logits[ones], logits[rest] = parts
+            return logits
+        return self._forward_pass(batch)
+
+    def _forward_pass(self, batch: list[tuple[Request, list[int]]]) -> torch.Tensor:
+        """Run every request's new tokens in one pass (`_forward`)."""
         model, device = self.loaded.model, self.loaded.device
         view = PagedBatchView(self.pool, [r.pages for r, _ in batch],
                               [r.written for r, _ in batch], [len(c) for _, c in batch],

@@ -250,6 +250,13 @@ def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = N
                 -1 if per_head_from is None else per_head_from, attns, attn_ints)
 
 
+def compiled_layers(model) -> bool:
+    """Whether `model`'s decode passes run every layer as one compiled call
+    (`decode_block`), a path of their own (not torch's operations bit for bit)."""
+    layers = getattr(model, "layers", None)
+    return bool(layers) and all(getattr(layer, "_block", None) is not None for layer in layers)
+
+
 def mode(model) -> str:
     """How `model`'s decode passes run: "compiled layers" (every layer one compiled call,
     `decode_block`, layer after layer), "TorchScript" (every layer in scope and the step
@@ -258,9 +265,9 @@ def mode(model) -> str:
     self-test (which fails on the last form: the scripted step's source was not shipped)."""
     if compiled() is None:
         return "Python (TorchScript unavailable)"
-    layers = getattr(model, "layers", None)
-    if layers and all(getattr(layer, "_block", None) is not None for layer in layers):
+    if compiled_layers(model):
         return "compiled layers"
+    layers = getattr(model, "layers", None)
     if layers and all(getattr(layer, "_decode_args", None) is not None for layer in layers):
         return "TorchScript"
     return "Python"

@@ -469,3 +469,61 @@ def test_weights_in_another_format_are_swapped_in_between_requests(tokenizer):
     assert engine.loaded.model is new_model and engine.loaded.dtype == torch.bfloat16
     again = run(engine, {"b": (ids, GREEDY)})["b"]
     assert tokens_of(again) == with_new and finished(again).usage.cached_tokens == 0
+
+
+def test_on_compiled_layers_a_stream_decodes_alike_beside_a_prompt(smollm2_model_path, monkeypatch):
+    """Where decode passes run every layer as one compiled call (`int4_i8`), whose float32
+    glue is not torch's bit for bit, a stream's tokens are computed in passes of one-token
+    requests even while a prompt is read beside it (`Engine._forward`): its logits are those
+    it gets alone, bit for bit."""
+    from app.models import decode_step, int8_products
+    from app.models.loader import load_model
+    from tests.models.test_decode_step import INT8_RUNTIME
+
+    if not int8_products.available():
+        pytest.skip(f"the compiled kernels cannot run here ({int8_products.unavailable_reason()})")
+    loaded = load_model(smollm2_model_path, torch.device("cpu"), torch.float16, torch.float32,
+                        int4=INT8_RUNTIME)
+    assert decode_step.compiled_layers(loaded.model)
+    STREAM = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+
+    def stream_logits(beside: bool) -> list[torch.Tensor]:
+        engine = make_engine(loaded, prefill_chunk=32, short_prompt_tokens=16)
+        assert engine._decode_apart
+        rows, passes = [], []
+        sample, forward_pass = engine._sample, engine._forward_pass
+
+        def record(request, row, events):
+            if request.id == "a":
+                rows.append(row.clone())
+            sample(request, row, events)
+
+        def count(batch):
+            passes.append(sorted(len(chunk) for _, chunk in batch))
+            return forward_pass(batch)
+
+        monkeypatch.setattr(engine, "_sample", record)
+        monkeypatch.setattr(engine, "_forward_pass", count)
+        vocab = loaded.model.vocab_size
+        engine.submit([t % vocab for t in prompt(12)], STREAM, request_id="a")
+        for _ in range(100):  # its prompt alone, then its first token
+            if rows:
+                break
+            engine.step()
+        if beside:  # a short prompt, read in the stream's next step, and a long one in chunks
+            engine.submit([t % vocab for t in prompt(10, seed=5)],
+                          SamplingParams(max_tokens=2, ignore_eos=True), request_id="short")
+            engine.submit([t % vocab for t in prompt(300, seed=6)],
+                          SamplingParams(max_tokens=2, ignore_eos=True), request_id="doc")
+        for _ in range(1000):
+            if not engine.has_work:
+                break
+            engine.step()
+        if beside:  # the short prompt read in a pass apart from the stream's step, the same step
+            assert [10] in passes and passes[passes.index([10]) - 1] == [1]
+        return rows
+
+    alone, beside = stream_logits(False), stream_logits(True)
+    assert len(alone) == len(beside) == STREAM.max_tokens
+    for got, want in zip(beside, alone):
+        assert torch.equal(got, want)

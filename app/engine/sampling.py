@@ -200,7 +200,10 @@ class RequestSampler:
             values, ids, probs = self._probe(logits)
         else:
             values, ids = torch.topk(logits, k)  # sorted, descending
-            probs = torch.softmax(values, dim=-1)
+            # softmax as `_probe` computes it (torch.softmax's vectorised exp differs from
+            # torch.exp by ~1e-5 on some CPUs, enough to flip a race between near-equals)
+            probs = torch.exp(values - values[0])
+            probs = probs / probs.sum()
         keep = torch.ones_like(probs, dtype=torch.bool)
         if p.top_p < 1:
             before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token

@@ -76,35 +76,17 @@ def _norm_ir() -> str:
          "  br label %row",
          "row:", "  %r = phi i64 [0, %entry], [%rn, %scaled]",
          "  %ro = mul i64 %r, %d",
-         "  %yr = getelementptr float, ptr %y, i64 %ro",
-         "  br label %sq",
-         "sq:", "  %i = phi i64 [0, %row], [%in, %sq]"]
-    L += [f"  %a{c} = phi <8 x float> [zeroinitializer, %row], [%an{c}, %sq]" for c in range(4)]
-    L += ["  %io = shl i64 %i, 5"]
-    for c in range(4):
-        L += [f"  %io{c} = add i64 %io, {8 * c}",
-              f"  %p{c} = getelementptr float, ptr %yr, i64 %io{c}",
-              f"  %v{c} = load <8 x float>, ptr %p{c}, align 4",
-              f"  %an{c} = call <8 x float> @llvm.fma.v8f32(<8 x float> %v{c}, <8 x float> %v{c}, <8 x float> %a{c})"]
-    L += ["  %in = add i64 %i, 1", "  %more = icmp ult i64 %in, %nc",
-          "  br i1 %more, label %sq, label %sum",
-          "sum:",
-          "  %s01 = fadd <8 x float> %an0, %an1", "  %s23 = fadd <8 x float> %an2, %an3",
-          "  %s = fadd <8 x float> %s01, %s23"]
-    L += int8_products.sum8_ir("%s", "%ss", "bn")
-    L += ["  %mean = fdiv float %ss, %df", "  %me = fadd float %mean, %eps",
-          "  %rt = call float @llvm.sqrt.f32(float %me)", "  %inv = fdiv float 1.0, %rt",
-          "  %iv0 = insertelement <8 x float> poison, float %inv, i32 0",
-          "  %iv = shufflevector <8 x float> %iv0, <8 x float> poison, <8 x i32> zeroinitializer",
-          "  %n8 = lshr i64 %d, 3",
+         "  %yr = getelementptr float, ptr %y, i64 %ro"]
+    L += int8_products.inverse_rms_ir("%yr", "%nc", "%df", "%eps", "row", "sq")
+    L += ["  %n8 = lshr i64 %d, 3",
           "  br label %scale",
-          "scale:", "  %j = phi i64 [0, %sum], [%jn, %scale]",
+          "scale:", "  %j = phi i64 [0, %sq_done], [%jn, %scale]",
           "  %jo = shl i64 %j, 3",
           "  %yp = getelementptr float, ptr %yr, i64 %jo",
           "  %yv = load <8 x float>, ptr %yp, align 4",
           "  %wp = getelementptr float, ptr %w, i64 %jo",
           "  %wv = load <8 x float>, ptr %wp, align 4",
-          "  %yn = fmul <8 x float> %yv, %iv",
+          "  %yn = fmul <8 x float> %yv, %sq_iv",
           "  %yw = fmul <8 x float> %yn, %wv",
           "  store <8 x float> %yw, ptr %yp, align 4",
           "  %jn = add i64 %j, 1", "  %jmore = icmp ult i64 %jn, %n8",

@@ -136,6 +136,33 @@ def sum8_ir(v: str, out: str, name: str) -> list[str]:
     ]
 
 
+def inverse_rms_ir(row: str, blocks: str, width: str, eps: str, pred: str, tag: str) -> list[str]:
+    """IR from block %`pred` on: 1 / sqrt(mean(row^2) + eps) over `blocks` blocks of 32
+    floats at ptr `row` (`width`: their count, a float value), as float %<tag>_inv and
+    <8 x float> %<tag>_iv, ending in block %<tag>_done, where the caller goes on. The
+    squares are summed in 4 accumulators of 8 lanes (a block's 4 vectors), then a fixed tree."""
+    t = tag
+    L = [f"  br label %{t}_sq", f"{t}_sq:", f"  %{t}_i = phi i64 [0, %{pred}], [%{t}_in, %{t}_sq]"]
+    L += [f"  %{t}_a{c} = phi <8 x float> [zeroinitializer, %{pred}], [%{t}_an{c}, %{t}_sq]" for c in range(4)]
+    L += [f"  %{t}_o = shl i64 %{t}_i, 5"]
+    for c in range(4):
+        L += [f"  %{t}_o{c} = add i64 %{t}_o, {8 * c}",
+              f"  %{t}_p{c} = getelementptr float, ptr {row}, i64 %{t}_o{c}",
+              f"  %{t}_v{c} = load <8 x float>, ptr %{t}_p{c}, align 4",
+              f"  %{t}_an{c} = call <8 x float> @llvm.fma.v8f32(<8 x float> %{t}_v{c}, <8 x float> %{t}_v{c}, <8 x float> %{t}_a{c})"]
+    L += [f"  %{t}_in = add i64 %{t}_i, 1", f"  %{t}_more = icmp ult i64 %{t}_in, {blocks}",
+          f"  br i1 %{t}_more, label %{t}_sq, label %{t}_done",
+          f"{t}_done:",
+          f"  %{t}_s01 = fadd <8 x float> %{t}_an0, %{t}_an1", f"  %{t}_s23 = fadd <8 x float> %{t}_an2, %{t}_an3",
+          f"  %{t}_s = fadd <8 x float> %{t}_s01, %{t}_s23"]
+    L += sum8_ir(f"%{t}_s", f"%{t}_sum", f"{t}_t")
+    L += [f"  %{t}_mean = fdiv float %{t}_sum, {width}", f"  %{t}_meps = fadd float %{t}_mean, {eps}",
+          f"  %{t}_rt = call float @llvm.sqrt.f32(float %{t}_meps)", f"  %{t}_inv = fdiv float 1.0, %{t}_rt",
+          f"  %{t}_iv0 = insertelement <8 x float> poison, float %{t}_inv, i32 0",
+          f"  %{t}_iv = shufflevector <8 x float> %{t}_iv0, <8 x float> poison, <8 x i32> zeroinitializer"]
+    return L
+
+
 def _quantize_ir(bf16: bool, normed: bool = False) -> str:
     """quantize_<f32|bf16>(x, xq, dx, xs, M, nb): every block of 32 of x [M, nb * 32]
     -> xq int8, dx = max |x| / 127 (float32 [M, nb, 8]: each block's repeated in 8 lanes, so
@@ -156,7 +183,7 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
         elif normed:
             loads += [f"  %p{c} = getelementptr float, ptr %x, i64 %xo{c}",
                       f"  %x{c} = load <8 x float>, ptr %p{c}, align 4",
-                      f"  %nx{c} = fmul <8 x float> %x{c}, %rv",
+                      f"  %nx{c} = fmul <8 x float> %x{c}, %sq_iv",
                       f"  %wi{c} = add i64 %wo, {8 * c}",
                       f"  %wp{c} = getelementptr float, ptr %nw, i64 %wi{c}",
                       f"  %wv{c} = load <8 x float>, ptr %wp{c}, align 4",
@@ -165,8 +192,7 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
             loads += [f"  %p{c} = getelementptr float, ptr %x, i64 %xo{c}",
                       f"  %v{c} = load <8 x float>, ptr %p{c}, align 4"]
     if normed:
-        # per row first: the sum of squares, 4 accumulators over each block's 4 vectors,
-        # summed in a fixed tree; then r = 1 / sqrt(sum / K + eps)
+        # per row first: r = 1 / sqrt(sum of squares / K + eps)
         head = ["define internal void @quantize_normed(ptr %x, ptr %nw, float %eps, ptr %xq, ptr %dx, "
                 "ptr %xs, i64 %M, i64 %nb) {",
                 "entry:",
@@ -175,26 +201,9 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
                 "  br label %row",
                 "row:", "  %r = phi i64 [0, %entry], [%rn, %row_end]",
                 "  %rk = mul i64 %r, %K",
-                "  br label %sq",
-                "sq:", "  %si = phi i64 [0, %row], [%sin, %sq]"]
-        head += [f"  %sa{c} = phi <8 x float> [zeroinitializer, %row], [%san{c}, %sq]" for c in range(4)]
-        head += ["  %so0 = mul i64 %si, 32", "  %so = add i64 %so0, %rk"]
-        for c in range(4):
-            head += [f"  %so{c}x = add i64 %so, {8 * c}",
-                     f"  %sp{c} = getelementptr float, ptr %x, i64 %so{c}x",
-                     f"  %sx{c} = load <8 x float>, ptr %sp{c}, align 4",
-                     f"  %san{c} = call <8 x float> @llvm.fma.v8f32(<8 x float> %sx{c}, <8 x float> %sx{c}, <8 x float> %sa{c})"]
-        head += ["  %sin = add i64 %si, 1", "  %smore = icmp ult i64 %sin, %nb",
-                 "  br i1 %smore, label %sq, label %sq_done",
-                 "sq_done:",
-                 "  %s01 = fadd <8 x float> %san0, %san1", "  %s23 = fadd <8 x float> %san2, %san3",
-                 "  %s0123 = fadd <8 x float> %s01, %s23"]
-        head += sum8_ir("%s0123", "%sqsum", "sqt")
-        head += ["  %mean = fdiv float %sqsum, %Kf", "  %meps = fadd float %mean, %eps",
-                 "  %rt = call float @llvm.sqrt.f32(float %meps)", "  %rinv = fdiv float 1.0, %rt",
-                 "  %rv0 = insertelement <8 x float> poison, float %rinv, i32 0",
-                 "  %rv = shufflevector <8 x float> %rv0, <8 x float> poison, <8 x i32> zeroinitializer",
-                 "  br label %blk",
+                "  %xr = getelementptr float, ptr %x, i64 %rk"]
+        head += inverse_rms_ir("%xr", "%nb", "%Kf", "%eps", "row", "sq")
+        head += ["  br label %blk",
                  "blk:", "  %i = phi i64 [0, %sq_done], [%in, %blk]",
                  "  %wo = mul i64 %i, 32"]
         body = head

@@ -766,6 +766,16 @@ def plan(datas: list[torch.Tensor], starts: list[int], firsts: list[int], seens:
     return Plan(list(tables.unbind(0)), kind, longest, threads)
 
 
+def buffer_floats(N: int, H: int, Hkv: int, D: int, longest: int, threads: int
+                  ) -> tuple[int, list[int]]:
+    """(the parts of the longest sequence, cmax; the floats of `attend`'s buffers in its
+    arguments' order: qbuf, tmp, sbufs, obufs, mbufs, lbufs)."""
+    G = H // Hkv
+    cmax = (longest + PART_KEYS - 1) // PART_KEYS
+    parts = N * Hkv * cmax * G  # (sequence, KV head, part, query head)
+    return cmax, [N * H * D, D, threads * G * PART_KEYS, parts * D, parts, parts]
+
+
 def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: torch.Tensor,
            table: torch.Tensor, H: int, Hkv: int, D: int, half: bool, kind: int, longest: int,
            threads: int, eps: float, scale: float) -> torch.Tensor:
@@ -792,14 +802,9 @@ def attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qk_norm: tor
     if not (table.dtype == torch.int64 and table.is_contiguous() and table.shape == (N, _SEQ_FIELDS)
             and kind in _KIND_NAMES and longest >= 1 and threads >= 1):
         raise ValueError("decode_attention: a table [N, 7] from `decode_attention.plan`")
-    G = H // Hkv
-    cmax = (longest + PART_KEYS - 1) // PART_KEYS  # parts of the longest sequence
-    parts = N * Hkv * cmax * G  # (sequence, KV head, part, query head)
-    qbuf, sbufs, obufs = N * H * D, threads * G * PART_KEYS, parts * D
-    floats = qbuf + D + sbufs + obufs + 2 * parts
-    base = int8_products._scratch(4 * floats).data_ptr()
-    at = [base]
-    for size in (qbuf, D, sbufs, obufs, parts):  # where each buffer starts
+    cmax, sizes = buffer_floats(N, H, Hkv, D, longest, threads)
+    at = [int8_products._scratch(4 * sum(sizes)).data_ptr()]
+    for size in sizes[:-1]:  # where each buffer starts
         at.append(at[-1] + 4 * size)
     out = torch.empty(N, H * D, dtype=torch.float32)
     k.attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), qk_norm.data_ptr() if has_norm else 0,

@@ -62,10 +62,6 @@ declare float @llvm.sqrt.f32(float)
 """
 
 
-def _splat(value: float) -> str:
-    return decode_attention._splat(value)
-
-
 def _norm_ir() -> str:
     """block_norm(y, w, eps, N, d): each row of y [N, d] times 1 / sqrt(mean(y^2) + eps),
     times w [d], in place."""
@@ -118,6 +114,7 @@ def _act_ir() -> str:
     """block_act(gu, out, N, F, gelu): out[r, i] = act(gu[r, i]) * gu[r, F + i] for gu
     [N, 2F] (gate, then up), out [N, F]; act SiLU or, with `gelu`, tanh-GELU."""
     c = math.sqrt(2.0 / math.pi)
+    splat = decode_attention._splat
     return "\n".join([
         "define internal void @block_act(ptr %gu, ptr %out, i64 %N, i64 %F, i64 %gelu) {",
         "entry:",
@@ -139,23 +136,23 @@ def _act_ir() -> str:
         "  br i1 %isgelu, label %gelu_l, label %silu_l",
         "silu_l:",
         "  %ng = fneg <8 x float> %g",
-        f"  %ngc = call <8 x float> @llvm.minnum.v8f32(<8 x float> %ng, <8 x float> {_splat(88.0)})",
+        f"  %ngc = call <8 x float> @llvm.minnum.v8f32(<8 x float> %ng, <8 x float> {splat(88.0)})",
         "  %e = call <8 x float> @attn_exp8(<8 x float> %ngc)",
-        f"  %den = fadd <8 x float> %e, {_splat(1.0)}",
+        f"  %den = fadd <8 x float> %e, {splat(1.0)}",
         "  %silu = fdiv <8 x float> %g, %den",
         "  br label %act_done",
         "gelu_l:",
         "  %g2 = fmul <8 x float> %g, %g",
         "  %g3 = fmul <8 x float> %g2, %g",
-        f"  %inner = call <8 x float> @llvm.fma.v8f32(<8 x float> %g3, <8 x float> {_splat(0.044715)}, <8 x float> %g)",
-        f"  %t2 = fmul <8 x float> %inner, {_splat(2.0 * c)}",
-        f"  %t2c = call <8 x float> @llvm.minnum.v8f32(<8 x float> %t2, <8 x float> {_splat(88.0)})",
+        f"  %inner = call <8 x float> @llvm.fma.v8f32(<8 x float> %g3, <8 x float> {splat(0.044715)}, <8 x float> %g)",
+        f"  %t2 = fmul <8 x float> %inner, {splat(2.0 * c)}",
+        f"  %t2c = call <8 x float> @llvm.minnum.v8f32(<8 x float> %t2, <8 x float> {splat(88.0)})",
         "  %e2 = call <8 x float> @attn_exp8(<8 x float> %t2c)",
-        f"  %e2p = fadd <8 x float> %e2, {_splat(1.0)}",
-        f"  %q = fdiv <8 x float> {_splat(2.0)}, %e2p",
-        f"  %tanh = fsub <8 x float> {_splat(1.0)}, %q",
-        f"  %onep = fadd <8 x float> %tanh, {_splat(1.0)}",
-        f"  %hg = fmul <8 x float> %g, {_splat(0.5)}",
+        f"  %e2p = fadd <8 x float> %e2, {splat(1.0)}",
+        f"  %q = fdiv <8 x float> {splat(2.0)}, %e2p",
+        f"  %tanh = fsub <8 x float> {splat(1.0)}, %q",
+        f"  %onep = fadd <8 x float> %tanh, {splat(1.0)}",
+        f"  %hg = fmul <8 x float> %g, {splat(0.5)}",
         "  %gl = fmul <8 x float> %hg, %onep",
         "  br label %act_done",
         "act_done:",
@@ -339,20 +336,18 @@ def layers(x: torch.Tensor, consts: list[torch.Tensor], coss: list[torch.Tensor]
             raise ValueError("decode_block: a table [N, 7] from `decode_attention.plan`")
     if not (kind in decode_attention._KIND_NAMES and longest >= 1 and attn_threads >= 1):
         raise ValueError("decode_block: the kind, longest and threads of a `decode_attention.Plan`")
-    G = H // Hkv
-    cmax = (longest + decode_attention.PART_KEYS - 1) // decode_attention.PART_KEYS
-    parts = N * Hkv * cmax * G
-    sizes = {  # bytes of each buffer, in CALL_FIELDS order after "threads"
-        "mscratch": int8_products._scratch_bytes(N, max(d, H * D, F)),
-        "qbuf": 4 * N * H * D, "tmp": 4 * D, "sbufs": 4 * attn_threads * G * decode_attention.PART_KEYS,
-        "obufs": 4 * parts * D, "mbufs": 4 * parts, "lbufs": 4 * parts,
-        "y_qkv": 4 * N * (H + 2 * Hkv) * D, "y_attn": 4 * N * H * D, "y_d": 4 * N * d,
-        "y_gate_up": 8 * N * F, "y_gated": 4 * N * F}
+    cmax, attention = decode_attention.buffer_floats(N, H, Hkv, D, longest, attn_threads)
+    sizes = [  # bytes of each buffer, in CALL_FIELDS order after "threads"
+        int8_products._scratch_bytes(N, max(d, H * D, F)),  # the products' 8-bit x
+        *(4 * floats for floats in attention),  # the attention's (`decode_attention.attend`)
+        4 * N * (H + 2 * Hkv) * D, 4 * N * H * D, 4 * N * d, 8 * N * F, 4 * N * F]  # y_qkv .. y_gated
     at, total = [], 0
-    for size in sizes.values():
+    for size in sizes:
         at.append(total)
         total += (size + 63) // 64 * 64  # each buffer on its own cache lines
-    base = _buffer(total).data_ptr()
+    # (the products' and the attention's scratch: free while the kernel runs, which calls
+    # neither from Python)
+    base = int8_products._scratch(total).data_ptr()
     outs = [torch.empty(N, d, dtype=torch.float32) for _ in range(min(2, len(consts)))]
     call = (ctypes.c_int64 * len(CALL_FIELDS))(
         0, 0, N, 0, 0, 0, kind, cmax, attn_threads, torch.get_num_threads(), *(base + a for a in at))
@@ -364,17 +359,6 @@ def layers(x: torch.Tensor, consts: list[torch.Tensor], coss: list[torch.Tensor]
         k.block(c.data_ptr(), ctypes.addressof(call))
         inp = out
     return inp
-
-
-_buffers = __import__("threading").local()
-
-
-def _buffer(nbytes: int) -> torch.Tensor:
-    """This thread's buffer for a call's intermediate values (one call at a time a thread)."""
-    buffer = getattr(_buffers, "buffer", None)
-    if buffer is None or buffer.numel() < nbytes:
-        buffer = _buffers.buffer = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8)
-    return buffer
 
 
 # The call as a torch operator, for TorchScript (`app.models.decode_step`).

@@ -238,9 +238,9 @@ def run(layers, x: torch.Tensor, tables: dict, kv, per_head_from: int | None = N
             attn_ints = [seqs.kind, max(attn_ints[1], seqs.longest), max(attn_ints[2], seqs.threads)]
     if whole:  # (the layers' own call, `DecoderLayer._decode_block`, layer after layer)
         N, D = x.shape[0], args[0].ints[2]
-        return decode_block.layers(x, blocks, [tables[layer.rope][0].reshape(N, D) for layer in layers],
-                                   [tables[layer.rope][1].reshape(N, D) for layer in layers], attns,
-                                   *attn_ints)
+        flat = {spec: (cos.reshape(N, D), sin.reshape(N, D)) for spec, (cos, sin) in tables.items()}
+        return decode_block.layers(x, blocks, [flat[layer.rope][0] for layer in layers],
+                                   [flat[layer.rope][1] for layer in layers], attns, *attn_ints)
     if step is None:
         return None
     return step(x, [a.tensors for a in args], [a.ints for a in args], args[0].eps, args[0].scale,

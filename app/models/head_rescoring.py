@@ -175,8 +175,10 @@ def rescore(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Ten
         rows = rows.contiguous()
     if ids.dtype != torch.int64 or not ids.is_contiguous() or ids.dim() != 1:
         ids = ids.to(torch.int64).contiguous().view(-1)
-    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < rows.shape[0]):
-        raise ValueError("head_rescoring.rescore: an id outside the rows")  # the kernel trusts ids
+    if ids.numel():
+        lowest, highest = ids.aminmax()
+        if not (0 <= int(lowest) and int(highest) < rows.shape[0]):
+            raise ValueError("head_rescoring.rescore: an id outside the rows")  # the kernel trusts ids
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     out = torch.empty(ids.numel(), dtype=torch.float32)
     if ids.numel():

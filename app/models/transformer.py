@@ -361,31 +361,38 @@ class DecoderLayer(torch.nn.Module):
         """A pass of decode steps alone, the whole layer in one compiled call (`decode_block`,
         as the scripted step calls it): x [N, d] -> [N, d]; None for any other pass, KV dtype
         or row count (the caller runs the layer's operations)."""
-        plan_of = getattr(kv, "decode_plan", None)
-        plan = plan_of(self.window) if plan_of is not None else None
         args = self._decode_args
-        if plan is None or plan[0][0].dtype not in decode_attention.KV_KINDS or x.dtype != torch.float32 \
-                or args is None or x.shape[0] > args.rows_max:
+        if x.dtype != torch.float32 or args is None or x.shape[0] > args.rows_max:
+            return None
+        seqs = self._decode_seqs(kv)
+        if seqs is None:
             return None
         c, N = self.cfg, x.shape[0]
-        seqs = decode_attention.plan(*plan, [self.index], c.n_heads, c.n_kv_heads, c.head_dim)
         cos, sin = rope
         return torch.ops.ferrox.decode_block(x, self._block, cos.reshape(N, c.head_dim),
                                              sin.reshape(N, c.head_dim), seqs.tables[0], seqs.kind,
                                              seqs.longest, seqs.threads)
+
+    def _decode_seqs(self, kv: KVView) -> decode_attention.Plan | None:
+        """This layer's `decode_attention.Plan` in a pass of decode steps alone whose KV
+        copies the kernel reads; None for any other pass or KV dtype."""
+        plan_of = getattr(kv, "decode_plan", None)
+        plan = plan_of(self.window) if plan_of is not None else None
+        if plan is None or plan[0][0].dtype not in decode_attention.KV_KINDS:
+            return None
+        c = self.cfg
+        return decode_attention.plan(*plan, [self.index], c.n_heads, c.n_kv_heads, c.head_dim)
 
     def _attend_decode(self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVView
                        ) -> torch.Tensor | None:
         """A pass of decode steps alone, in one compiled call (`decode_attention`, as the
         scripted step calls it): y [N, (H + 2 Hkv) * D] the QKV product -> [N, H * D]
         float32; None for any other pass or KV dtype (the caller attends as usual)."""
-        plan_of = getattr(kv, "decode_plan", None)
-        plan = plan_of(self.window) if plan_of is not None else None
-        if plan is None or plan[0][0].dtype not in decode_attention.KV_KINDS or y.dtype != torch.float32:
+        seqs = self._decode_seqs(kv) if y.dtype == torch.float32 else None
+        if seqs is None:
             return None
         c, N = self.cfg, y.shape[0]
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-        seqs = decode_attention.plan(*plan, [self.index], H, Hkv, D)
         norm = self.qk_norm if self.q_norm is not None else torch.empty(0)
         return torch.ops.ferrox.decode_attention(
             y, cos.reshape(N, D), sin.reshape(N, D), norm, seqs.tables[0], H, Hkv, D,

@@ -22,10 +22,10 @@ The arithmetic, for output n and row r of x [M, K], with blocks of 32 inputs:
 that is, the exact product of the weight with x rounded to 8 bits, whose error is
 sum_i w_i * (x_i - dx * xq_i). The integer sums are exact. (The offsets' term with x's exact
 sum instead would leave an error of s * sum_i c_i * (x_i - dx * xq_i), with codes 0..15
-against weights centred on zero: measured on Gemma 3's Q8_0 rows, ~4x the error.) Per output and
-row every float operation is the same whatever else is in the product -- one row's
-accumulators, the blocks in one order, the same tree at the end -- so a row's result does
-not depend on how many rows, or which, share the call: batching changes no bit.
+against weights centred on zero: measured on Gemma 3's Q8_0 rows, ~4x the error.) Per output
+and row every float operation is the same whatever else is in the product -- one row's
+accumulator, the blocks in one order -- so a row's result does not depend on how many rows,
+or which, share the call: batching changes no bit.
 
 Layouts (`Int8Codes`), per output row, blocks in input order, planes one after the other:
   NIBBLES  32 bytes per pair of blocks: byte j holds block A's code j in its low nibble and
@@ -45,6 +45,20 @@ scales (a Q4_K scale d * sc rounds to float16, 1/2048 of itself at most). A deco
 every weight from memory, and float32 scales padded to 8 blocks had cost 67% more bytes than
 the codes of SmolLM2's 576-wide rows. A weight may be several planes, summed in the same
 accumulators, each against the same x (`nibble_codes`); every GGUF type fits one today.
+
+Every tensor is stored interleaved by groups of 8 outputs (`GROUP_OUTPUTS`; N a multiple of
+8): within a group, the 8 rows' first 4 code bytes, then their next 4, ... (FIVES: for each
+pair of blocks and 4 inputs q, the 8 outputs' 4 nibble bytes, then the 32 fifth bits of
+block A's codes there, then B's), and each block's 8 scales (offsets) side by side. One
+32-byte vector then holds 4 inputs of 8 outputs, one output a 32-bit lane: x's 4 bytes
+broadcast against it sum into each output's lane, a whole block's sum in one vector after
+8 of them, so a block costs one convert, one scale multiply and one multiply-add for 8
+outputs (stored output by output, AVX2 had taken those for every output, plus a sum of 8
+lanes at the end). Four rows of x are bound by that arithmetic, not the memory: SmolLM2's
+3072 x 576 gate-up, four rows, cache-resident, 111-115 -> 63-70 us on a 2-core AMD EPYC
+(one row 50-52 -> 30-33 us). A tensor keeps its [N, ...] shape,
+so whole groups of outputs still slice and join as rows (`layers.fuse`, `cat_rows`);
+`logical_codes` and `logical_scales` read one back output by output.
 """
 
 from __future__ import annotations
@@ -71,12 +85,12 @@ BYTES = 1
 FIVES = 2
 LAYOUTS = (NIBBLES, BYTES, FIVES)
 _CODE_BYTES = {NIBBLES: 16, BYTES: 32, FIVES: 20}  # bytes a block of 32 codes takes
-# Rows of x one call's tiles hold at once: each row has its own accumulators (AVX2 has 16
-# vector registers: 2 outputs x 2 rows or 1 x 4, two accumulators each).
+# Outputs a tile computes together, one in each 32-bit lane of AVX2's vectors: the codes of
+# each group of 8 output rows are stored interleaved (see the module docstring).
+GROUP_OUTPUTS = 8
+# Rows of x one call's tiles hold at once: each row has an accumulator and a running sum
+# (AVX2 has 16 vector registers, and a block's 8 code vectors use some).
 _TILE_ROWS = 4
-_OUTPUTS_FOR_ROWS = {1: 2, 2: 2, 3: 1, 4: 1}
-# How many outputs ahead a tile asks for the weights it will read (`_tile_ir`).
-_PREFETCH_OUTPUTS = 8
 
 
 @dataclass(frozen=True)
@@ -266,197 +280,179 @@ def _quantize_ir(bf16: bool, normed: bool = False) -> str:
     return "\n".join(body)
 
 
-def _tile_ir(layout: int, rows: int, outs: int, vnni: bool) -> str:
-    """tile(codes, s, b, xq, dx, xs, y, nb, N, planes, r0, n): y[r0 .. r0 + rows,
-    n .. n + outs] of one product. Per output and row two accumulators, even and odd
-    blocks, over every plane's pairs of blocks in order; then the offsets' term, 8 blocks at
-    a time; then one fixed sum of the lanes."""
+def _tile_ir(layout: int, rows: int, vnni: bool) -> str:
+    """tile(codes, s, b, xq, dx, xs, y, nb, N, planes, r0, g): y[r0 .. r0 + rows,
+    8g .. 8g + 8], the outputs of group g, one in each 32-bit lane. Per block and row, the
+    block's whole integer sum for all 8 outputs (8 broadcasts of 4 of x's bytes, each
+    against the 8 outputs' 4 codes), one convert, one multiply by the scales, one
+    multiply-add into the row's accumulator; the offsets' term into it right after. Each
+    row has one accumulator, its blocks in order, so its floats are the same in any tile.
+    Then stored, 8 floats a row: no lanes to sum."""
     L: list[str] = []
     a = L.append
     bpb = _CODE_BYTES[layout]
-    a(f"define internal void @tile_{layout}_{rows}_{outs}(ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, "
-      "ptr %xs, ptr %y, i64 %nb, i64 %N, i64 %planes, i64 %r0, i64 %n) {")
+    G = GROUP_OUTPUTS
+    a(f"define internal void @tile_{layout}_{rows}(ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, "
+      "ptr %xs, ptr %y, i64 %nb, i64 %N, i64 %planes, i64 %r0, i64 %g) {")
     a("entry:")
-    a(f"  %plane_bytes = mul i64 %nb, {bpb}")
-    a("  %row_bytes = mul i64 %plane_bytes, %planes")
-    a("  %row_scales = mul i64 %nb, %planes")
-    a("  %nbg = and i64 %nb, -8")  # the offsets' blocks summed 8 at a time; the rest one by one
-    for t in range(outs):
-        a(f"  %nn{t} = add i64 %n, {t}")
-        a(f"  %cb{t} = mul i64 %nn{t}, %row_bytes")
-        a(f"  %cp{t} = getelementptr i8, ptr %codes, i64 %cb{t}")
-        a(f"  %so{t} = mul i64 %nn{t}, %row_scales")
-        a(f"  %sp{t} = getelementptr half, ptr %s, i64 %so{t}")
-        a(f"  %bp{t} = getelementptr half, ptr %b, i64 %so{t}")
+    a(f"  %plane_bytes = mul i64 %nb, {bpb * G}")  # a group's plane: 8 outputs' codes
+    a("  %group_bytes = mul i64 %plane_bytes, %planes")
+    a(f"  %group_scales = mul i64 %nb, {G}")
+    a("  %group_scales_all = mul i64 %group_scales, %planes")
+    a("  %cgo = mul i64 %g, %group_bytes")
+    a("  %cg = getelementptr i8, ptr %codes, i64 %cgo")
+    a("  %sgo = mul i64 %g, %group_scales_all")
+    a("  %sg = getelementptr half, ptr %s, i64 %sgo")
+    a("  %bg = getelementptr half, ptr %b, i64 %sgo")
     for r in range(rows):
         a(f"  %rr{r} = add i64 %r0, {r}")
         a(f"  %xr{r} = mul i64 %rr{r}, %nb")
         a(f"  %xb{r} = mul i64 %xr{r}, 32")
         a(f"  %xp{r} = getelementptr i8, ptr %xq, i64 %xb{r}")
-        a(f"  %dr{r} = mul i64 %rr{r}, %nb")
-        a(f"  %dp{r} = getelementptr <8 x float>, ptr %dx, i64 %dr{r}")
-        a(f"  %xsp{r} = getelementptr float, ptr %xs, i64 %dr{r}")
-    keys = [(t, r, j) for t in range(outs) for r in range(rows) for j in range(2)]
-    mins = [(t, r) for t in range(outs) for r in range(rows)]
-    # Ask for the outputs _PREFETCH_OUTPUTS ahead: their codes, scales and offsets (reading
-    # past the weight's end only prefetches, which never faults).
-    a(f"  %pfo = mul i64 %row_bytes, {_PREFETCH_OUTPUTS}")
-    a(f"  %pfs = mul i64 %row_scales, {2 * _PREFETCH_OUTPUTS}")
-    for t in range(outs):
-        a(f"  %pfsp{t} = getelementptr i8, ptr %sp{t}, i64 %pfs")
-        a(f"  call void @llvm.prefetch.p0(ptr %pfsp{t}, i32 0, i32 3, i32 1)")
-        a(f"  %pfbp{t} = getelementptr i8, ptr %bp{t}, i64 %pfs")
-        a(f"  call void @llvm.prefetch.p0(ptr %pfbp{t}, i32 0, i32 3, i32 1)")
+        a(f"  %dp{r} = getelementptr <8 x float>, ptr %dx, i64 %xr{r}")
+        a(f"  %xsp{r} = getelementptr float, ptr %xs, i64 %xr{r}")
+    # Ask for the next group's codes, scales and offsets while this one is computed
+    # (reading past the weight's end only prefetches, which never faults).
+    a("  %nxc = getelementptr i8, ptr %cg, i64 %group_bytes")
+    a("  %sbytes = mul i64 %group_scales_all, 2")
+    a("  %nxs = getelementptr i8, ptr %sg, i64 %sbytes")
+    a("  %nxb = getelementptr i8, ptr %bg, i64 %sbytes")
     a("  br label %pf")
     a("pf:")
     a("  %pfi = phi i64 [0, %entry], [%pfin, %pf]")
-    for t in range(outs):
-        a(f"  %pfa{t} = add i64 %pfo, %pfi")
-        a(f"  %pfp{t} = getelementptr i8, ptr %cp{t}, i64 %pfa{t}")
-        a(f"  call void @llvm.prefetch.p0(ptr %pfp{t}, i32 0, i32 3, i32 1)")
+    a("  %pfp = getelementptr i8, ptr %nxc, i64 %pfi")
+    a("  call void @llvm.prefetch.p0(ptr %pfp, i32 0, i32 3, i32 1)")
     a("  %pfin = add i64 %pfi, 64")
-    a("  %pfmore = icmp ult i64 %pfin, %row_bytes")
-    a("  br i1 %pfmore, label %pf, label %pf_done")
-    a("pf_done:")
-    a("  br label %plane")
-    # planes: accumulators carried across them
+    a("  %pfmore = icmp ult i64 %pfin, %group_bytes")
+    a("  br i1 %pfmore, label %pf, label %pfs")
+    a("pfs:")
+    a("  %pfj = phi i64 [0, %pf], [%pfjn, %pfs]")
+    a("  %pfsp = getelementptr i8, ptr %nxs, i64 %pfj")
+    a("  call void @llvm.prefetch.p0(ptr %pfsp, i32 0, i32 3, i32 1)")
+    a("  %pfbp = getelementptr i8, ptr %nxb, i64 %pfj")
+    a("  call void @llvm.prefetch.p0(ptr %pfbp, i32 0, i32 3, i32 1)")
+    a("  %pfjn = add i64 %pfj, 64")
+    a("  %pfsmore = icmp ult i64 %pfjn, %sbytes")
+    a("  br i1 %pfsmore, label %pfs, label %plane")
     a("plane:")
-    a("  %p = phi i64 [0, %pf_done], [%pn, %plane_end]")
-    for (t, r, j) in keys:
-        a(f"  %pa_{t}_{r}_{j} = phi <8 x float> [zeroinitializer, %pf_done], [%na_{t}_{r}_{j}, %plane_end]")
-    for (t, r) in mins:
-        a(f"  %pm_{t}_{r} = phi <8 x float> [zeroinitializer, %pf_done], [%vm_{t}_{r}, %plane_end]")
-        a(f"  %pt_{t}_{r} = phi float [0.0, %pf_done], [%nt_{t}_{r}, %plane_end]")
+    a("  %p = phi i64 [0, %pfs], [%pn, %pair_end]")
+    for r in range(rows):
+        a(f"  %pa_{r} = phi <8 x float> [zeroinitializer, %pfs], [%na_{r}_1, %pair_end]")
     a("  %pcb = mul i64 %p, %plane_bytes")
-    a("  %psb = mul i64 %p, %nb")
-    for t in range(outs):
-        a(f"  %pc{t} = getelementptr i8, ptr %cp{t}, i64 %pcb")
-        a(f"  %ps{t} = getelementptr half, ptr %sp{t}, i64 %psb")
-        a(f"  %pb{t} = getelementptr half, ptr %bp{t}, i64 %psb")
+    a("  %pc = getelementptr i8, ptr %cg, i64 %pcb")
+    a("  %psb = mul i64 %p, %group_scales")
+    a("  %ps = getelementptr half, ptr %sg, i64 %psb")
+    a("  %pb = getelementptr half, ptr %bg, i64 %psb")
     a("  br label %pair")
     a("pair:")
     a("  %blk = phi i64 [0, %plane], [%blkn, %pair]")
-    for (t, r, j) in keys:
-        a(f"  %acc_{t}_{r}_{j} = phi <8 x float> [%pa_{t}_{r}_{j}, %plane], [%na_{t}_{r}_{j}, %pair]")
-    for t in range(outs):
-        if layout in (NIBBLES, FIVES):  # one load for the pair; low nibbles block A, high block B
-            a(f"  %wo{t} = mul i64 %blk, {bpb}")
-            a(f"  %wp{t} = getelementptr i8, ptr %pc{t}, i64 %wo{t}")
-            a(f"  %wv{t} = load <32 x i8>, ptr %wp{t}, align 1")
-            low = "w_" if layout == NIBBLES else "wl"  # (FIVES: the fifth bits join them)
-            a(f"  %{low}{t}_0 = and <32 x i8> %wv{t}, splat (i8 15)")
-            a(f"  %{low}{t}_1 = lshr <32 x i8> %wv{t}, splat (i8 4)")
-            for j in range(2 if layout == FIVES else 0):
-                # the fifth bits: 32 of them, bit i for code i, into 16 where set
-                a(f"  %hp{t}_{j} = getelementptr i8, ptr %wp{t}, i64 {32 + 4 * j}")
-                a(f"  %hb{t}_{j} = load i32, ptr %hp{t}_{j}, align 1")
-                a(f"  %hm{t}_{j} = bitcast i32 %hb{t}_{j} to <32 x i1>")
-                a(f"  %hz{t}_{j} = select <32 x i1> %hm{t}_{j}, <32 x i8> splat (i8 16), <32 x i8> zeroinitializer")
-                a(f"  %w_{t}_{j} = or <32 x i8> %wl{t}_{j}, %hz{t}_{j}")
-        else:
-            for j in range(2):
-                a(f"  %wb{t}_{j} = add i64 %blk, {j}")
-                a(f"  %wo{t}_{j} = mul i64 %wb{t}_{j}, 32")
-                a(f"  %wp{t}_{j} = getelementptr i8, ptr %pc{t}, i64 %wo{t}_{j}")
-                a(f"  %w_{t}_{j} = load <32 x i8>, ptr %wp{t}_{j}, align 1")
-                a(f"  %wa_{t}_{j} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> %w_{t}_{j}, i1 false)")
+    for r in range(rows):
+        a(f"  %acc_{r} = phi <8 x float> [%pa_{r}, %plane], [%na_{r}_1, %pair]")
+    # The pair's blocks one after the other; within a block, 4 inputs q at a time: the 8
+    # outputs' codes there (32 bytes, 4 an output), each row's x there broadcast against
+    # them, summed into the row's running sum. Emitted in that order, so a weight vector
+    # lives only while the rows use it (all 16 loaded first had spilled registers).
+    a(f"  %wo = mul i64 %blk, {bpb * G}")  # the pair starts 2 blocks' codes * 8 outputs in
+    a("  %wp = getelementptr i8, ptr %pc, i64 %wo")
+    # pairs of products in 16 bits, summed while they cannot overflow: 8 of NIBBLES'
+    # (<= 8 * 2 * 15 * 127), 4 of FIVES' (4 * 2 * 31 * 127), 1 of BYTES' (2 * 128 * 127)
+    run = {NIBBLES: 8, FIVES: 4, BYTES: 1}[layout]
     for j in range(2):
         a(f"  %bk{j} = add i64 %blk, {j}")
-        for t in range(outs):
-            a(f"  %ssp{t}_{j} = getelementptr half, ptr %ps{t}, i64 %bk{j}")
-            a(f"  %ssh{t}_{j} = load half, ptr %ssp{t}_{j}, align 2")
-            a(f"  %ss{t}_{j} = fpext half %ssh{t}_{j} to float")
-            a(f"  %ssi{t}_{j} = insertelement <8 x float> poison, float %ss{t}_{j}, i32 0")
-            a(f"  %ssv{t}_{j} = shufflevector <8 x float> %ssi{t}_{j}, <8 x float> poison, <8 x i32> zeroinitializer")
         for r in range(rows):
             a(f"  %xo{r}_{j} = mul i64 %bk{j}, 32")
-            a(f"  %xpp{r}_{j} = getelementptr i8, ptr %xp{r}, i64 %xo{r}_{j}")
-            a(f"  %x_{r}_{j} = load <32 x i8>, ptr %xpp{r}_{j}, align 1")
-            a(f"  %dsp{r}_{j} = getelementptr <8 x float>, ptr %dp{r}, i64 %bk{j}")
-            a(f"  %ds{r}_{j} = load <8 x float>, ptr %dsp{r}_{j}, align 4")
-        for t in range(outs):
+        sums16 = {r: None for r in range(rows)}
+        sums32 = {r: None for r in range(rows)}
+        for q in range(8):
+            w = f"%w_{j}_{q}"
+            if layout in (NIBBLES, FIVES):
+                step = 32 if layout == NIBBLES else 40
+                a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {step * q}")
+                a(f"  %wv{j}_{q} = load <32 x i8>, ptr %wq{j}_{q}p, align 1")
+                low = w if layout == NIBBLES else f"%wl_{j}_{q}"
+                if j == 0:
+                    a(f"  {low} = and <32 x i8> %wv{j}_{q}, splat (i8 15)")
+                else:
+                    a(f"  {low} = lshr <32 x i8> %wv{j}_{q}, splat (i8 4)")
+                if layout == FIVES:  # the fifth bits of those 32 codes: bit i for byte i
+                    a(f"  %hp_{j}_{q} = getelementptr i8, ptr %wq{j}_{q}p, i64 {32 + 4 * j}")
+                    a(f"  %hb_{j}_{q} = load i32, ptr %hp_{j}_{q}, align 1")
+                    a(f"  %hm_{j}_{q} = bitcast i32 %hb_{j}_{q} to <32 x i1>")
+                    a(f"  %hz_{j}_{q} = select <32 x i1> %hm_{j}_{q}, <32 x i8> splat (i8 16), <32 x i8> zeroinitializer")
+                    a(f"  {w} = or <32 x i8> {low}, %hz_{j}_{q}")
+            else:
+                a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {256 * j + 32 * q}")
+                a(f"  {w} = load <32 x i8>, ptr %wq{j}_{q}p, align 1")
+                a(f"  %wa_{j}_{q} = call <32 x i8> @llvm.abs.v32i8(<32 x i8> {w}, i1 false)")
             for r in range(rows):
-                k = f"{t}_{r}_{j}"
-                if layout in (NIBBLES, FIVES):  # unsigned codes times x
-                    u, v = f"%w_{t}_{j}", f"%x_{r}_{j}"
+                kq = f"{r}_{j}_{q}"
+                a(f"  %xo{kq} = add i64 %xo{r}_{j}, {4 * q}")
+                a(f"  %xp{kq} = getelementptr i8, ptr %xp{r}, i64 %xo{kq}")
+                a(f"  %xi{kq} = load i32, ptr %xp{kq}, align 1")
+                a(f"  %xv{kq}0 = insertelement <8 x i32> poison, i32 %xi{kq}, i32 0")
+                a(f"  %xv{kq}1 = shufflevector <8 x i32> %xv{kq}0, <8 x i32> poison, <8 x i32> zeroinitializer")
+                a(f"  %x{kq} = bitcast <8 x i32> %xv{kq}1 to <32 x i8>")
+                if layout in (NIBBLES, FIVES):
+                    u, v = w, f"%x{kq}"
                 else:  # |c| times x with c's sign
-                    a(f"  %xs_{k} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %x_{r}_{j}, <32 x i8> %w_{t}_{j})")
-                    u, v = f"%wa_{t}_{j}", f"%xs_{k}"
-                if vnni:  # four products into each 32-bit lane in one instruction
-                    a(f"  %u32_{k} = bitcast <32 x i8> {u} to <8 x i32>")
-                    a(f"  %v32_{k} = bitcast <32 x i8> {v} to <8 x i32>")
-                    a(f"  %p32_{k} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> zeroinitializer, <8 x i32> %u32_{k}, <8 x i32> %v32_{k})")
-                else:  # pairs into 16 bits (short of saturating: see the module docstring), then 32
-                    a(f"  %p16_{k} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {u}, <32 x i8> {v})")
-                    a(f"  %p32_{k} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %p16_{k}, <16 x i16> splat (i16 1))")
-                a(f"  %f_{k} = sitofp <8 x i32> %p32_{k} to <8 x float>")
-                # the two scales' product in every lane (the output's block scale, broadcast
-                # once for every row, times x's, stored broadcast): the same float as one
-                # scalar product broadcast, one instruction instead of three a row
-                a(f"  %cv_{k} = fmul <8 x float> %ssv{t}_{j}, %ds{r}_{j}")
-                a(f"  %na_{k} = call <8 x float> @llvm.fma.v8f32(<8 x float> %cv_{k}, <8 x float> %f_{k}, <8 x float> %acc_{k})")
+                    a(f"  %xs{kq} = call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> %x{kq}, <32 x i8> {w})")
+                    u, v = f"%wa_{j}_{q}", f"%xs{kq}"
+                if vnni:  # four products into each 32-bit lane, summed there
+                    a(f"  %u32_{kq} = bitcast <32 x i8> {u} to <8 x i32>")
+                    a(f"  %v32_{kq} = bitcast <32 x i8> {v} to <8 x i32>")
+                    prev = sums32[r] or "zeroinitializer"
+                    a(f"  %dp_{kq} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> {prev}, <8 x i32> %u32_{kq}, <8 x i32> %v32_{kq})")
+                    sums32[r] = f"%dp_{kq}"
+                    continue
+                a(f"  %m_{kq} = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {u}, <32 x i8> {v})")
+                if sums16[r] is None:
+                    sums16[r] = f"%m_{kq}"
+                else:
+                    a(f"  %s16_{kq} = add <16 x i16> {sums16[r]}, %m_{kq}")
+                    sums16[r] = f"%s16_{kq}"
+                if (q + 1) % run == 0:  # into 32 bits
+                    a(f"  %w32_{kq} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {sums16[r]}, <16 x i16> splat (i16 1))")
+                    sums16[r] = None
+                    if sums32[r] is None:
+                        sums32[r] = f"%w32_{kq}"
+                    else:
+                        a(f"  %s32_{kq} = add <8 x i32> {sums32[r]}, %w32_{kq}")
+                        sums32[r] = f"%s32_{kq}"
+        a(f"  %sco{j} = mul i64 %bk{j}, {G}")
+        a(f"  %scp{j} = getelementptr half, ptr %ps, i64 %sco{j}")
+        a(f"  %sch{j} = load <8 x half>, ptr %scp{j}, align 2")
+        a(f"  %sc{j} = fpext <8 x half> %sch{j} to <8 x float>")
+        a(f"  %ofp{j} = getelementptr half, ptr %pb, i64 %sco{j}")
+        a(f"  %ofh{j} = load <8 x half>, ptr %ofp{j}, align 2")
+        a(f"  %of{j} = fpext <8 x half> %ofh{j} to <8 x float>")
+        for r in range(rows):
+            k = f"{r}_{j}"
+            prev = f"%acc_{r}" if j == 0 else f"%na_{r}_0"
+            a(f"  %f_{k} = sitofp <8 x i32> {sums32[r]} to <8 x float>")
+            a(f"  %dsp_{k} = getelementptr <8 x float>, ptr %dp{r}, i64 %bk{j}")
+            a(f"  %ds_{k} = load <8 x float>, ptr %dsp_{k}, align 4")  # x's scale, in 8 lanes
+            a(f"  %cv_{k} = fmul <8 x float> %sc{j}, %ds_{k}")
+            a(f"  %ma_{k} = call <8 x float> @llvm.fma.v8f32(<8 x float> %cv_{k}, <8 x float> %f_{k}, <8 x float> {prev})")
+            # the offsets' term: b * dx * (sum of x's codes), x's sum broadcast
+            a(f"  %xssp_{k} = getelementptr float, ptr %xsp{r}, i64 %bk{j}")
+            a(f"  %xss_{k} = load float, ptr %xssp_{k}, align 4")
+            a(f"  %xsv_{k}0 = insertelement <8 x float> poison, float %xss_{k}, i32 0")
+            a(f"  %xsv_{k} = shufflevector <8 x float> %xsv_{k}0, <8 x float> poison, <8 x i32> zeroinitializer")
+            a(f"  %na_{k} = call <8 x float> @llvm.fma.v8f32(<8 x float> %of{j}, <8 x float> %xsv_{k}, <8 x float> %ma_{k})")
     a("  %blkn = add i64 %blk, 2")
     a("  %more = icmp ult i64 %blkn, %nb")
-    a("  br i1 %more, label %pair, label %offsets")
-    a("offsets:")
-    a("  %anygroup = icmp ugt i64 %nbg, 0")
-    a("  br i1 %anygroup, label %grp, label %tail_start")
-    a("grp:")
-    a("  %g = phi i64 [0, %offsets], [%gn, %grp]")
-    for (t, r) in mins:
-        a(f"  %am_{t}_{r} = phi <8 x float> [%pm_{t}_{r}, %offsets], [%gm_{t}_{r}, %grp]")
-    for t in range(outs):
-        a(f"  %bvp{t} = getelementptr half, ptr %pb{t}, i64 %g")
-        a(f"  %bvh{t} = load <8 x half>, ptr %bvp{t}, align 2")
-        a(f"  %bv{t} = fpext <8 x half> %bvh{t} to <8 x float>")
-    for r in range(rows):
-        a(f"  %xsvp{r} = getelementptr float, ptr %xsp{r}, i64 %g")
-        a(f"  %xsv{r} = load <8 x float>, ptr %xsvp{r}, align 4")
-    for (t, r) in mins:
-        a(f"  %gm_{t}_{r} = call <8 x float> @llvm.fma.v8f32(<8 x float> %bv{t}, <8 x float> %xsv{r}, <8 x float> %am_{t}_{r})")
-    a("  %gn = add i64 %g, 8")
-    a("  %gmore = icmp ult i64 %gn, %nbg")
-    a("  br i1 %gmore, label %grp, label %tail_start")
-    a("tail_start:")
-    for (t, r) in mins:
-        a(f"  %vm_{t}_{r} = phi <8 x float> [%pm_{t}_{r}, %offsets], [%gm_{t}_{r}, %grp]")
-    a("  %anytail = icmp ult i64 %nbg, %nb")
-    a("  br i1 %anytail, label %tail, label %plane_end")
-    a("tail:")
-    a("  %j = phi i64 [%nbg, %tail_start], [%jn, %tail]")
-    for (t, r) in mins:
-        a(f"  %sm_{t}_{r} = phi float [0.0, %tail_start], [%smn_{t}_{r}, %tail]")
-    for t in range(outs):
-        a(f"  %bsp{t} = getelementptr half, ptr %pb{t}, i64 %j")
-        a(f"  %bsh{t} = load half, ptr %bsp{t}, align 2")
-        a(f"  %bs{t} = fpext half %bsh{t} to float")
-    for r in range(rows):
-        a(f"  %xssp{r} = getelementptr float, ptr %xsp{r}, i64 %j")
-        a(f"  %xss{r} = load float, ptr %xssp{r}, align 4")
-    for (t, r) in mins:
-        a(f"  %smn_{t}_{r} = call float @llvm.fma.f32(float %bs{t}, float %xss{r}, float %sm_{t}_{r})")
-    a("  %jn = add i64 %j, 1")
-    a("  %jmore = icmp ult i64 %jn, %nb")
-    a("  br i1 %jmore, label %tail, label %plane_end")
-    a("plane_end:")  # (%vm, the offsets' vector sums, is defined in tail_start: it dominates here)
-    for (t, r) in mins:
-        a(f"  %tl_{t}_{r} = phi float [0.0, %tail_start], [%smn_{t}_{r}, %tail]")
-    for (t, r) in mins:
-        a(f"  %nt_{t}_{r} = fadd float %pt_{t}_{r}, %tl_{t}_{r}")
+    a("  br i1 %more, label %pair, label %pair_end")
+    a("pair_end:")
     a("  %pn = add i64 %p, 1")
     a("  %pmore = icmp ult i64 %pn, %planes")
     a("  br i1 %pmore, label %plane, label %done")
     a("done:")
-    for (t, r) in mins:
-        q = f"{t}_{r}"
-        a(f"  %tot_{q} = fadd <8 x float> %na_{q}_0, %na_{q}_1")
-        a(f"  %tm_{q} = fadd <8 x float> %tot_{q}, %vm_{q}")
-        L.extend(sum8_ir(f"%tm_{q}", f"%hv_{q}", f"h{q}_"))
-        a(f"  %h_{q} = fadd float %hv_{q}, %nt_{q}")
-        a(f"  %yo_{q} = mul i64 %rr{r}, %N")
-        a(f"  %yo2_{q} = add i64 %yo_{q}, %nn{t}")
-        a(f"  %yp_{q} = getelementptr float, ptr %y, i64 %yo2_{q}")
-        a(f"  store float %h_{q}, ptr %yp_{q}, align 4")
+    a(f"  %yc = mul i64 %g, {G}")
+    for r in range(rows):
+        a(f"  %yo_{r} = mul i64 %rr{r}, %N")
+        a(f"  %yo2_{r} = add i64 %yo_{r}, %yc")
+        a(f"  %yp_{r} = getelementptr float, ptr %y, i64 %yo2_{r}")
+        a(f"  store <8 x float> %na_{r}_1, ptr %yp_{r}, align 4")
     a("  ret void")
     a("}")
     return "\n".join(L)
@@ -466,8 +462,8 @@ _FIELDS = ("codes", "s", "b", "xq", "dx", "xs", "y", "nb", "N", "M", "planes", "
 
 
 def _work_ir() -> str:
-    """work(args): this thread's share of the outputs (a run of an even count), every row
-    tile of x over it."""
+    """work(args): this thread's share of the groups of 8 outputs (a run of them), every
+    row tile of x over it."""
     L: list[str] = []
     a = L.append
     a("define internal void @work(ptr %argp, i64 %tid, i64 %nth) {")
@@ -476,18 +472,16 @@ def _work_ir() -> str:
         ty = "ptr" if i < 7 else "i64"
         a(f"  %{name}p = getelementptr %args, ptr %argp, i32 0, i32 {i}")
         a(f"  %{name} = load {ty}, ptr %{name}p")
-    a("  %pairs0 = add i64 %N, 1")
-    a("  %pairs = lshr i64 %pairs0, 1")
-    a("  %cp1 = add i64 %pairs, %nth")
-    a("  %cp2 = sub i64 %cp1, 1")
-    a("  %cpairs = udiv i64 %cp2, %nth")
-    a("  %chunk = mul i64 %cpairs, 2")
-    a("  %n0a = mul i64 %tid, %chunk")
-    a("  %n0lt = icmp ult i64 %n0a, %N")
-    a("  %n0 = select i1 %n0lt, i64 %n0a, i64 %N")
-    a("  %n1a = add i64 %n0, %chunk")
-    a("  %n1lt = icmp ult i64 %n1a, %N")
-    a("  %n1 = select i1 %n1lt, i64 %n1a, i64 %N")
+    a(f"  %groups = udiv i64 %N, {GROUP_OUTPUTS}")
+    a("  %cg1 = add i64 %groups, %nth")
+    a("  %cg2 = sub i64 %cg1, 1")
+    a("  %chunk = udiv i64 %cg2, %nth")
+    a("  %g0a = mul i64 %tid, %chunk")
+    a("  %g0lt = icmp ult i64 %g0a, %groups")
+    a("  %g0 = select i1 %g0lt, i64 %g0a, i64 %groups")
+    a("  %g1a = add i64 %g0, %chunk")
+    a("  %g1lt = icmp ult i64 %g1a, %groups")
+    a("  %g1 = select i1 %g1lt, i64 %g1a, i64 %groups")
     a("  br label %rows")
     a("rows:")
     a("  %r0 = phi i64 [0, %entry], [%r0n, %rows_next]")
@@ -502,33 +496,16 @@ def _work_ir() -> str:
     args = "ptr %codes, ptr %s, ptr %b, ptr %xq, ptr %dx, ptr %xs, ptr %y, i64 %nb, i64 %N, i64 %planes, i64 %r0"
     for layout in LAYOUTS:
         for R in range(1, _TILE_ROWS + 1):
-            T = _OUTPUTS_FOR_ROWS[R]
             k = f"{layout}_{R}"
             a(f"t{k}:")
             a(f"  br label %l{k}")
             a(f"l{k}:")
-            a(f"  %n_{k} = phi i64 [%n0, %t{k}], [%nn_{k}, %b{k}]")
-            a(f"  %in_{k} = icmp ult i64 %n_{k}, %n1")
+            a(f"  %g_{k} = phi i64 [%g0, %t{k}], [%gn_{k}, %body{k}]")
+            a(f"  %in_{k} = icmp ult i64 %g_{k}, %g1")
             a(f"  br i1 %in_{k}, label %body{k}, label %rows_next")
             a(f"body{k}:")
-            if T == 2:
-                a(f"  %n2_{k} = add i64 %n_{k}, 2")
-                a(f"  %full_{k} = icmp ule i64 %n2_{k}, %n1")
-                a(f"  br i1 %full_{k}, label %two{k}, label %one{k}")
-                a(f"two{k}:")
-                a(f"  call void @tile_{layout}_{R}_2({args}, i64 %n_{k})")
-                a(f"  br label %b{k}")
-                a(f"one{k}:")
-                a(f"  call void @tile_{layout}_{R}_1({args}, i64 %n_{k})")
-                a(f"  br label %b{k}")
-                a(f"b{k}:")
-                a(f"  %step_{k} = select i1 %full_{k}, i64 2, i64 1")
-                a(f"  %nn_{k} = add i64 %n_{k}, %step_{k}")
-            else:
-                a(f"  call void @tile_{layout}_{R}_1({args}, i64 %n_{k})")
-                a(f"  br label %b{k}")
-                a(f"b{k}:")
-                a(f"  %nn_{k} = add i64 %n_{k}, 1")
+            a(f"  call void @tile_{layout}_{R}({args}, i64 %g_{k})")
+            a(f"  %gn_{k} = add i64 %g_{k}, 1")
             a(f"  br label %l{k}")
     a("rows_next:")
     a(f"  %r0n = add i64 %r0, {_TILE_ROWS}")
@@ -622,9 +599,7 @@ def kernel_ir(threaded: bool, vnni: bool = False) -> str:
     parts = [_HEADER, _quantize_ir(False), _quantize_ir(True), _quantize_ir(False, normed=True)]
     for layout in LAYOUTS:
         for rows in range(1, _TILE_ROWS + 1):
-            parts.append(_tile_ir(layout, rows, 1, vnni))
-            if _OUTPUTS_FOR_ROWS[rows] == 2:
-                parts.append(_tile_ir(layout, rows, 2, vnni))
+            parts.append(_tile_ir(layout, rows, vnni))
     parts += [_work_ir(), _driver_ir(threaded)]
     module = "\n".join(parts)
     # The decode step's attention (app.models.decode_attention), its whole layer
@@ -847,7 +822,7 @@ def _matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets:
     nb = K // GROUP
     if not (codes.is_contiguous() and scales.is_contiguous() and offsets.is_contiguous()):
         raise ValueError("int8_products.matmul takes contiguous codes, scales and offsets")
-    if not (fits(K) and layout in _CODE_BYTES and planes >= 1 and scales.shape == offsets.shape == (N, planes * nb)
+    if not (fits(K) and fits_outputs(N) and layout in _CODE_BYTES and planes >= 1 and scales.shape == offsets.shape == (N, planes * nb)
             and codes.shape == (N, planes * nb * _CODE_BYTES[layout])):
         raise ValueError(f"int8_products.matmul: x [{M}, {K}] does not fit the weight's codes "
                          f"{tuple(codes.shape)} and scales {tuple(scales.shape)}")
@@ -877,13 +852,35 @@ _LIBRARY.impl("int8_matmul", _matmul, "CPU")
 # ---- packing ----------------------------------------------------------------------------------
 
 
+def fits_outputs(n: int) -> bool:
+    """Whether N outputs can be stored here: whole groups of `GROUP_OUTPUTS`."""
+    return n > 0 and n % GROUP_OUTPUTS == 0
+
+
+def _interleave(t: torch.Tensor, unit: int) -> torch.Tensor:
+    """t [N, R] with each group of 8 rows interleaved `unit` elements at a time: the
+    group's first `unit` of row 0, of row 1, ... of row 7, then its second. The same shape,
+    so whole groups of rows still slice and join as rows."""
+    N, R = t.shape
+    if N % GROUP_OUTPUTS:
+        raise ValueError(f"{N} outputs are not whole groups of {GROUP_OUTPUTS}")
+    return t.reshape(N // GROUP_OUTPUTS, GROUP_OUTPUTS, R // unit, unit).transpose(1, 2).reshape(N, R)
+
+
+def _deinterleave(t: torch.Tensor, unit: int) -> torch.Tensor:
+    """`_interleave`'s inverse."""
+    N, R = t.shape
+    return t.reshape(N // GROUP_OUTPUTS, R // unit, GROUP_OUTPUTS, unit).transpose(1, 2).reshape(N, R)
+
+
 def _half(values: torch.Tensor) -> torch.Tensor:
-    """float32 scales or offsets -> float16, refusing any that do not fit it."""
-    half = values.to(torch.float16).contiguous()
+    """float32 scales or offsets -> float16 interleaved by groups of outputs, refusing any
+    that do not fit float16."""
+    half = values.to(torch.float16)
     if not torch.isfinite(half).all():
         raise ModelError("A quantized weight has scales beyond float16's range; the file is "
                          "damaged or was not made for this kind of model.")
-    return half
+    return _interleave(half, 1).contiguous()
 
 
 def nibble_codes(planes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Int8Codes:
@@ -897,29 +894,60 @@ def nibble_codes(planes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) 
         scales.append(s)
         offsets.append(b)
     n = len(planes)
-    return Int8Codes(torch.cat(parts, 1).contiguous() if n > 1 else parts[0].contiguous(),
-                     _half(torch.cat(scales, 1)), _half(torch.cat(offsets, 1)),
-                     NIBBLES, n)
+    joined = torch.cat(parts, 1) if n > 1 else parts[0]
+    return Int8Codes(_interleave(joined, 4).contiguous(), _half(torch.cat(scales, 1)),
+                     _half(torch.cat(offsets, 1)), NIBBLES, n)
 
 
 def byte_codes(codes: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> Int8Codes:
     """codes int8 [N, K], w = s * c + b -> BYTES codes."""
-    return Int8Codes(codes.contiguous(), _half(s), _half(b), BYTES, 1)
+    return Int8Codes(_interleave(codes, 4).contiguous(), _half(s), _half(b), BYTES, 1)
 
 
 _BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
 
 def five_codes(codes: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> Int8Codes:
-    """codes uint8 [N, K] in 0..31, w = s * c + b -> FIVES codes."""
+    """codes uint8 [N, K] in 0..31, w = s * c + b -> FIVES codes: for each group of 8
+    outputs, pair of blocks and 4 inputs q, the 8 outputs' low nibbles (block A's low, B's
+    high), then A's fifth bits (bit 4o + i for output o's input 4q + i), then B's."""
     N, K = codes.shape
-    pairs = codes.reshape(N, K // 64, 2, 32)
-    low = (pairs[:, :, 0] & 15) | ((pairs[:, :, 1] & 15) << 4)  # [N, K/64, 32]
-    # the fifth bits, 8 to a byte, bit i of byte j for code 8j + i (little-endian words)
-    bits = ((pairs >> 4) & 1).reshape(N, K // 64, 2, 4, 8)
-    high = (bits * _BIT_WEIGHTS).sum(-1, dtype=torch.uint8).reshape(N, K // 64, 8)
-    return Int8Codes(torch.cat((low, high), -1).reshape(N, K // 64 * 40).contiguous(),
+    if N % GROUP_OUTPUTS:
+        raise ValueError(f"{N} outputs are not whole groups of {GROUP_OUTPUTS}")
+    G, P = N // GROUP_OUTPUTS, K // 64
+    # [group, output, pair, block, q, i] -> [group, pair, q, block, output, i]
+    c = codes.reshape(G, GROUP_OUTPUTS, P, 2, 8, 4).permute(0, 2, 4, 3, 1, 5)
+    low = ((c[:, :, :, 0] & 15) | ((c[:, :, :, 1] & 15) << 4)).reshape(G, P, 8, 32)
+    bits = ((c >> 4) & 1).reshape(G, P, 8, 2, 4, 8)
+    high = (bits * _BIT_WEIGHTS).sum(-1, dtype=torch.uint8).reshape(G, P, 8, 8)
+    return Int8Codes(torch.cat((low, high), -1).reshape(N, P * 40).contiguous(),
                      _half(s), _half(b), FIVES, 1)
+
+
+def logical_codes(w: Int8Codes) -> torch.Tensor:
+    """The weight's codes as integers int16 [N, planes, K / 32, 32], output by output."""
+    N = w.codes.shape[0]
+    if w.layout == NIBBLES:
+        raw = _deinterleave(w.codes, 4).reshape(N, w.planes, -1, 32)
+        return torch.stack((raw & 15, raw >> 4), dim=3).reshape(N, w.planes, -1, GROUP).to(torch.int16)
+    if w.layout == BYTES:
+        return _deinterleave(w.codes, 4).view(torch.int8).reshape(N, w.planes, -1, GROUP).to(torch.int16)
+    if w.planes != 1:
+        raise ValueError("5-bit codes are one plane")
+    G = N // GROUP_OUTPUTS
+    t = w.codes.reshape(G, -1, 8, 40)  # [group, pair, q, 40]
+    P = t.shape[1]
+    low = t[..., :32].reshape(G, P, 8, 1, GROUP_OUTPUTS, 4)
+    high = t[..., 32:].reshape(G, P, 8, 2, 4, 1)
+    fifth = ((high >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(G, P, 8, 2, GROUP_OUTPUTS, 4)
+    nibbles = torch.cat((low & 15, low >> 4), 3)  # [group, pair, q, block, output, i]
+    c = (nibbles | (fifth << 4)).permute(0, 4, 1, 3, 2, 5)  # [group, output, pair, block, q, i]
+    return c.reshape(N, 1, 2 * P, GROUP).to(torch.int16)
+
+
+def logical_scales(w: Int8Codes) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight's (scales, offsets), float16 [N, planes * K / 32], output by output."""
+    return _deinterleave(w.scales, 1), _deinterleave(w.offsets, 1)
 
 
 def as_bytes(w: Int8Codes) -> Int8Codes:
@@ -929,12 +957,8 @@ def as_bytes(w: Int8Codes) -> Int8Codes:
         return w
     if w.layout != FIVES or w.planes != 1:
         raise ValueError("only 5-bit codes are also bytes")
-    N = w.codes.shape[0]
-    pairs = w.codes.reshape(N, -1, 40)
-    low, high = pairs[..., :32], pairs[..., 32:].reshape(N, -1, 2, 4, 1)
-    fifth = ((high >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(N, -1, 2, 32)
-    codes = torch.stack((low & 15, low >> 4), 2) | (fifth << 4)
-    return Int8Codes(codes.reshape(N, -1).view(torch.int8).contiguous(), w.scales, w.offsets, BYTES, 1)
+    codes = logical_codes(w).reshape(w.codes.shape[0], -1).to(torch.int8)
+    return Int8Codes(_interleave(codes, 4).contiguous(), w.scales, w.offsets, BYTES, 1)
 
 
 def cat_rows(chunks: list[Int8Codes]) -> Int8Codes:
@@ -956,18 +980,12 @@ def reference(x: torch.Tensor, w: Int8Codes) -> torch.Tensor:
     xq = torch.round(xf * inv).double()
     dx = (amax / 127).double()
     N = w.codes.shape[0]
-    nb_w = w.scales.shape[1] // w.planes
+    codes = logical_codes(w).double()
+    scales, offsets = logical_scales(w)
     out = torch.zeros(M, N, dtype=torch.float64)
     for p in range(w.planes):
-        if w.layout == NIBBLES:
-            raw = w.codes.reshape(N, w.planes, nb // 2, 32)[:, p]
-            c = torch.stack((raw & 15, raw >> 4), dim=2).reshape(N, nb, GROUP)
-        elif w.layout == FIVES:
-            c = as_bytes(w).codes.view(torch.int8).reshape(N, nb, GROUP)
-        else:
-            c = w.codes.view(torch.int8).reshape(N, w.planes, nb, GROUP)[:, p]
-        s = w.scales.reshape(N, w.planes, nb_w)[:, p].double()
-        b = w.offsets.reshape(N, w.planes, nb_w)[:, p].double()
-        isum = torch.einsum("mbi,nbi->mnb", xq, c.double())
+        s = scales.reshape(N, w.planes, nb)[:, p].double()
+        b = offsets.reshape(N, w.planes, nb)[:, p].double()
+        isum = torch.einsum("mbi,nbi->mnb", xq, codes[:, p])
         out += (isum * s[None] * dx[..., 0][:, None]).sum(-1) + (xq.sum(-1) * dx[..., 0]) @ b.t()
     return out

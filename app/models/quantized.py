@@ -61,8 +61,8 @@ from app.models import head_rescoring
 from app.models.dequant import (_bits, _f16, _nibbles, _scale_min_k4, dequantize, dequantize_rows,
                                 native_types)
 from app.models.errors import ModelError
-from app.models.int8_products import (Int8Codes, byte_codes, cat_rows, fits, five_codes, matmul,
-                                      nibble_codes)
+from app.models.int8_products import (Int8Codes, byte_codes, cat_rows, fits, fits_outputs, five_codes,
+                                      matmul, nibble_codes)
 from app.models.load_progress import report_within
 
 T = GGMLQuantizationType
@@ -520,8 +520,9 @@ def _int8_rows(raw: RawTensor) -> Int8Codes:
 
 def pack_int8_raw(raw: RawTensor) -> Int8Codes | None:
     """`pack_raw` for the 8-bit activation kernel; None where it has no form for `raw`
-    (`kernel_planes` 0) or its inputs are not whole pairs of blocks (`fits`)."""
-    if not kernel_planes(raw.ggml_type) or not fits(raw.shape[1]):
+    (`kernel_planes` 0), its inputs are not whole pairs of blocks (`fits`) or its outputs
+    not whole groups of 8 (`fits_outputs`)."""
+    if not kernel_planes(raw.ggml_type) or not fits(raw.shape[1]) or not fits_outputs(raw.shape[0]):
         return None
     rows = raw.shape[0]
     return cat_rows([_reported(_int8_rows(raw.rows(start, min(rows, start + PACK_ROWS))), start, rows)
@@ -571,7 +572,7 @@ def screen_raw(raw: RawTensor, act_dtype: torch.dtype, int8: bool = False) -> Co
     kernel with `int8` (where its inputs fit)."""
     if raw.ggml_type not in SCREENED_TYPES:
         raise ValueError(f"{raw.ggml_type.name} weights are not screened")
-    int8 = int8 and fits(raw.shape[1])
+    int8 = int8 and fits(raw.shape[1]) and fits_outputs(raw.shape[0])
     chunks = []
     for start in range(0, raw.shape[0], PACK_ROWS):
         w = raw.rows(start, min(raw.shape[0], start + PACK_ROWS)).dequantize()

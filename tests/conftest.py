@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,14 @@ os.environ.setdefault("FERROX_WEIGHT_CACHE", "0")
 # A loaded session measures the CPU weight policy in a background thread and may swap in
 # weights in another format; tests/engine/test_session_policy.py turns it on where tested.
 os.environ.setdefault("FERROX_POLICY_TUNING", "0")
+# Compiled kernels (app/models/int8_products.py) are kept in one folder for the whole run,
+# shared by every test's data folder and the processes tests start: compiling takes seconds
+# and the code depends only on the IR and the CPU. test_int8_products.py tests the cache in a
+# test's own data folder.
+if "FERROX_KERNEL_CACHE_DIR" not in os.environ:
+    _KERNELS = tempfile.mkdtemp(prefix="ferrox-test-kernels-")
+    os.environ["FERROX_KERNEL_CACHE_DIR"] = _KERNELS
+    atexit.register(shutil.rmtree, _KERNELS, ignore_errors=True)
 
 # The embedded model is assembled once per test session into a cache shared by tests that
 # only read it; FERROX_TEST_MODEL_DIR lets a developer reuse one across runs.

@@ -265,6 +265,7 @@ def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkey
     from app.paths import data_dir
 
     monkeypatch.setenv("FERROX_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv(P.OBJECT_CACHE_ENV, raising=False)  # (the suite's shared folder: conftest.py)
 
     def fresh() -> P._Kernel:
         monkeypatch.setattr(P, "_kernel", None)
@@ -285,6 +286,8 @@ def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkey
     assert fresh() is not None and optimized  # compiled again, and saved again
     assert torch.equal(P.matmul(x, w), want)
     assert P._read_object(saved[0]) is not None
+    monkeypatch.setenv(P.OBJECT_CACHE_ENV, str(tmp_path / "shared"))  # a folder of their own
+    assert P._object_path("ir", "cpu", "", (1,)).parent == tmp_path / "shared"
 
 
 @needs_kernel

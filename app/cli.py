@@ -181,16 +181,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.remote_model or args.api_key_env:
         raise CliError("--remote-model and --api-key-env go with --base-url")
     path = resolve_model_path(args.model, args.data_dir)
-    if args.prompt_ids is not None:  # checked against the tokenizer alone, before a load
-        from app.models.loader import load_tokenizer
-
-        vocab = load_tokenizer(path).vocab_size
-        bad = [i for i in args.prompt_ids if not 0 <= i < vocab]
-        if bad:
-            raise CliError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
     loaded = load_on(path, args.device, args.dtype)
     tok = loaded.tokenizer
     if args.prompt_ids is not None:
+        bad = [i for i in args.prompt_ids if not 0 <= i < tok.vocab_size]
+        if bad:
+            raise CliError(f"token id {bad[0]} is outside the vocabulary (0..{tok.vocab_size - 1})")
         prompt_ids = args.prompt_ids
     elif args.chat:
         prompt_ids = encode_chat(tok, loaded.template, [Message("user", args.prompt)])

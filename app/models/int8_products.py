@@ -27,7 +27,8 @@ and row every float operation is the same whatever else is in the product -- one
 accumulator, the blocks in one order -- so a row's result does not depend on how many rows,
 or which, share the call: batching changes no bit.
 
-Layouts (`Int8Codes`), per output row, blocks in input order, planes one after the other:
+Layouts (`Int8Codes`), as each output's codes run before the interleaving below: blocks in
+input order, planes one after the other:
   NIBBLES  32 bytes per pair of blocks: byte j holds block A's code j in its low nibble and
            block B's in its high one (GGUF's Q4_K stores its codes this way);
   BYTES    32 bytes per block, one signed code a byte (Q8_0's own; and 5-bit codes where
@@ -56,9 +57,9 @@ broadcast against it sum into each output's lane, a whole block's sum in one vec
 outputs (stored output by output, AVX2 had taken those for every output, plus a sum of 8
 lanes at the end). Four rows of x are bound by that arithmetic, not the memory: SmolLM2's
 3072 x 576 gate-up, four rows, cache-resident, 111-115 -> 63-70 us on a 2-core AMD EPYC
-(one row 50-52 -> 30-33 us). A tensor keeps its [N, ...] shape,
-so whole groups of outputs still slice and join as rows (`layers.fuse`, `cat_rows`);
-`logical_codes` and `logical_scales` read one back output by output.
+(one row 50-52 -> 30-33 us). A tensor keeps its [N, ...] shape, so whole groups of outputs
+still slice and join as rows (`layers.fuse`, `cat_rows`); `logical_codes` and
+`logical_scales` read one back output by output.
 """
 
 from __future__ import annotations
@@ -863,13 +864,17 @@ def fits_outputs(n: int) -> bool:
     return n > 0 and n % GROUP_OUTPUTS == 0
 
 
+def _check_outputs(n: int) -> None:
+    if not fits_outputs(n):
+        raise ValueError(f"{n} outputs are not whole groups of {GROUP_OUTPUTS}")
+
+
 def _interleave(t: torch.Tensor, unit: int) -> torch.Tensor:
     """t [N, R] with each group of 8 rows interleaved `unit` elements at a time: the
     group's first `unit` of row 0, of row 1, ... of row 7, then its second. The same shape,
     so whole groups of rows still slice and join as rows."""
     N, R = t.shape
-    if N % GROUP_OUTPUTS:
-        raise ValueError(f"{N} outputs are not whole groups of {GROUP_OUTPUTS}")
+    _check_outputs(N)
     return t.reshape(N // GROUP_OUTPUTS, GROUP_OUTPUTS, R // unit, unit).transpose(1, 2).reshape(N, R)
 
 
@@ -918,8 +923,7 @@ def five_codes(codes: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> Int8Cod
     outputs, pair of blocks and 4 inputs q, the 8 outputs' low nibbles (block A's low, B's
     high), then A's fifth bits (bit 4o + i for output o's input 4q + i), then B's."""
     N, K = codes.shape
-    if N % GROUP_OUTPUTS:
-        raise ValueError(f"{N} outputs are not whole groups of {GROUP_OUTPUTS}")
+    _check_outputs(N)
     G, P = N // GROUP_OUTPUTS, K // 64
     # [group, output, pair, block, q, i] -> [group, pair, q, block, output, i]
     c = codes.reshape(G, GROUP_OUTPUTS, P, 2, 8, 4).permute(0, 2, 4, 3, 1, 5)

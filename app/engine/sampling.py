@@ -99,13 +99,19 @@ _MAX_BLOCK = 512
 
 
 def _best(logits: torch.Tensor, greedy: bool) -> tuple[float, int | None]:
-    """The largest logit and, for greedy, the index of its first occurrence (as argmax).
+    """The largest logit and, for greedy, the index of its first occurrence (as argmax);
+    a NaN anywhere comes out as the value (and its first index), as one max propagates it.
 
-    In two levels: the maximum of each block of 512, then of those. One `max(0)` over a
-    vocabulary runs on one thread; the blocks' maxima run on all of them (262,144 logits
-    from memory, 2-core CPU: 0.13-0.14 ms against 0.35; argmax 0.62). The same value and
-    index: a block's max and the max over blocks each return their first maximal entry,
-    and a NaN anywhere comes out as the value, as one max propagates it."""
+    On the CPU through numpy's argmax, whose SIMD loop keeps the first maximal entry and
+    stops at the first NaN, the same value and index as torch's max: 49,152 logits on a
+    2-core CPU in ~5 us against ~50 for torch's `max(0)` (a scalar loop: one logit a
+    cycle), 262,144 in ~22 against ~145 for its maxima of blocks. Elsewhere (a GPU's
+    logits) in two levels: the maximum of each block of 512, then of those, as fast as
+    the blocks' maxima run in parallel there."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        values = logits.detach().numpy()
+        index = int(values.argmax())
+        return float(values[index]), index if greedy else None
     n = logits.numel()
     head = n - n % _MAX_BLOCK
     if head < 2 * _MAX_BLOCK:

@@ -48,8 +48,11 @@ KV_KINDS = {torch.float32: 0, torch.bfloat16: 1}
 _KIND_NAMES = {0: "f32", 1: "bf16"}
 _SEQ_FIELDS = 7  # a sequence's row of the table: base, kv, head and position strides, start, first, seen
 # Below this many multiply-adds (sum of seen x H x D) one thread does the work: a parallel
-# region costs a few microseconds, more than a short context's whole attention.
-_PARALLEL_WORK = 1 << 18
+# region costs a few microseconds, more than a very short context's whole attention. Measured
+# in the engine on a 2-core AMD EPYC (SmolLM2, 24-token prompts, 96 tokens, alternating in
+# one process, medians of 4): 1 << 18 -> 1 << 13 took four streams 451 -> 476 tok/s (their
+# ~60-120 keys had run on one thread), one stream 197 -> 200.
+_PARALLEL_WORK = 1 << 13
 
 _DECLARE = """
 declare float @llvm.sqrt.f32(float)

@@ -536,17 +536,25 @@ def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
         assert torch.equal(a.scale_zeros, b.scale_zeros)
 
 
-def test_candidates_picked_by_block_maxima_are_the_plain_comparisons():
-    from app.models.quantized import _SELECTION_BLOCK, _at_least_by_blocks
+def test_the_screens_candidates_are_the_plain_comparisons_with_the_samples_threshold():
+    """Each row's candidates are exactly the ids at or above the threshold its strided
+    sample gives (the sample's k // stride-th largest), as torch's topk and comparison
+    would pick them, -inf and repeated values included."""
+    from app.models.quantized import _screened_top
 
     gen = torch.Generator().manual_seed(6)
-    out = torch.randn(5, 64 * _SELECTION_BLOCK, generator=gen)
-    out[1] = 0.5  # every value equal: every block holds candidates
+    k = 256
+    out = torch.randn(5, 65536, generator=gen)
+    out[1, ::3] = 0.5  # many equal values
     out[2, ::7] = -math.inf
-    out[3] = -math.inf  # nothing reaches the threshold
+    out[3] = -math.inf  # a sample of -inf: every id reaches it, so the exact top k
     out[3, 100] = 1.0
-    least = torch.tensor([[1.5], [0.5], [2.0], [1.0], [math.inf]])  # the last: no candidate
-    rows, ids = _at_least_by_blocks(out, least)
-    want_rows, want_ids = (out >= least).nonzero(as_tuple=True)
-    assert torch.equal(rows, want_rows) and torch.equal(ids, want_ids)
-    assert int((rows == 3).sum()) == 1 and int((rows == 4).sum()) == 0
+    stride = out.shape[1] // (4 * k)
+    least = out[:, ::stride].topk(k // stride, dim=-1).values.amin(-1, keepdim=True)
+    for r, ids in enumerate(_screened_top(out, k)):
+        want = (out[r] >= least[r]).nonzero().squeeze(1)
+        if want.numel() <= 2 * k:
+            assert torch.equal(ids, want), r
+        else:  # bounded: the row's k best, ascending
+            assert ids.numel() == k and torch.equal(ids, ids.sort().values)
+            assert bool((out[r, ids] >= out[r].topk(k).values.min()).all())

@@ -747,6 +747,7 @@ def plan(datas: list[torch.Tensor], starts: list[int], firsts: list[int], seens:
     dtype = datas[0].dtype
     kind = KV_KINDS.get(dtype)
     rows, steps = [], []
+    lowest, highest = (min(layers), max(layers)) if layers else (0, -1)
     for data, start, first, seen in zip(datas, starts, firsts, seens):
         if data.dtype != dtype or kind is None or data.dim() != 5 or data.shape[1] != 2 \
                 or data.shape[2] != Hkv or data.shape[4] != D or data.stride(4) != 1 \
@@ -754,7 +755,7 @@ def plan(datas: list[torch.Tensor], starts: list[int], firsts: list[int], seens:
             raise ValueError("decode_attention: a KV copy must be [n_layers, 2, Hkv, capacity, D] "
                              "of float32 or bfloat16 on the CPU, all of one dtype")
         if not (0 <= start < data.shape[3] and seen >= 1 and first >= 0 and first + seen <= data.shape[3]
-                and all(0 <= layer < data.shape[0] for layer in layers)):
+                and 0 <= lowest and highest < data.shape[0]):
             raise ValueError("decode_attention: positions or layers outside the KV copy")
         rows.append([data.data_ptr(), data.stride(1), data.stride(2), data.stride(3), start, first, seen])
         steps.append(data.stride(0) * data.element_size())

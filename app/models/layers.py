@@ -9,6 +9,7 @@ activation dtype, as the reference implementations do.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from dataclasses import dataclass, replace
 
 import torch
@@ -58,7 +59,12 @@ class RopeSpec:
     attention_factor: float = 1.0
 
     def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
-        """[R/2] float32, computed as transformers does (int64 arange -> float -> pow)."""
+        """[R/2] float32, computed as transformers does (int64 arange -> float -> pow); the
+        same tensor for every call (`_constants`): a decode step takes the tables every
+        step, and these few operations had been ~70 us of it."""
+        return _constants(self, torch.device(device))[0]
+
+    def _inverse_frequencies(self, device: torch.device) -> torch.Tensor:
         exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64, device=device)
         inv = 1.0 / (self.base ** (exponents.float() / self.rotary_dim))
         if self.freq_factors is not None:
@@ -84,13 +90,21 @@ class RopeSpec:
         the same tables with the sign of the rotation folded into sin (minus on each pair's
         first member), so rotating is a swap of the pair's members and one multiply-add."""
         cos, sin = self.tables(positions, dtype)  # [S, 1, T, R]
-        half = self.rotary_dim // 2
-        if self.style == ROPE_HALF:
-            sign = torch.cat((torch.full((half,), -1.0), torch.ones(half)))
-        else:
-            sign = torch.tensor([-1.0, 1.0]).repeat(half)
-        sin = sin * sign.to(sin.device, sin.dtype)
+        sign = _constants(self, sin.device)[1]
+        sin = sin * (sign if sin.dtype == torch.float32 else sign.to(sin.dtype))
         return cos.transpose(1, 2), sin.transpose(1, 2)
+
+
+@lru_cache(maxsize=64)
+def _constants(spec: RopeSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A spec's inverse frequencies [R/2] and its rotation's signs [R] (float32, minus on
+    each pair's first member), made once a spec and device: read-only."""
+    half = spec.rotary_dim // 2
+    if spec.style == ROPE_HALF:
+        sign = torch.cat((torch.full((half,), -1.0), torch.ones(half)))
+    else:
+        sign = torch.tensor([-1.0, 1.0]).repeat(half)
+    return spec._inverse_frequencies(device), sign.to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:

@@ -9,8 +9,8 @@ activation dtype, as the reference implementations do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F

@@ -25,6 +25,13 @@ if "FERROX_KERNEL_CACHE_DIR" not in os.environ:
     _KERNELS = tempfile.mkdtemp(prefix="ferrox-test-kernels-")
     os.environ["FERROX_KERNEL_CACHE_DIR"] = _KERNELS
     atexit.register(shutil.rmtree, _KERNELS, ignore_errors=True)
+# Whatever runs outside a test's own data folder -- a session-scoped fixture (set up before
+# the test's folder is: tests/server/conftest.py loads a model measuring the CPU policy), a
+# background thread that outlives its test -- writes here, never in the person's own folder
+# (a measured kernel_policy.json had landed in ~/.local/share/ferrox-chat).
+_SESSION_DATA = tempfile.mkdtemp(prefix="ferrox-test-data-")
+os.environ["FERROX_DATA_DIR"] = _SESSION_DATA
+atexit.register(shutil.rmtree, _SESSION_DATA, ignore_errors=True)
 
 # The embedded model is assembled once per test session into a cache shared by tests that
 # only read it; FERROX_TEST_MODEL_DIR lets a developer reuse one across runs.

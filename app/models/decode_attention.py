@@ -25,7 +25,12 @@ loaded and widened once for them), and the parts are merged in order after (`_me
 out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c, flash-decoding's split). The parts
 depend on a sequence's own length only, and each is computed in one fixed order on whichever
 thread: batching and thread counts change no bit (tests/models/test_decode_attention.py
-holds this, and the result to a float64 reference). exp is Cephes' expf polynomial (`_EXP`),
+holds this, and the result to a float64 reference). A part asks for the keys and values
+PREFETCH_KEYS positions ahead of those it multiplies: between two steps a decode step's
+weights pass through the caches, so the KV copies come from memory every step, and asking
+ahead measured faster than leaving it to the hardware's prefetchers (2-core AMD EPYC,
+bfloat16 copies, in the engine: one stream after a 1,000-token prompt, SmolLM2 164-173 ->
+182-186 tok/s, Gemma 3 270M 108-111 -> 117-122). exp is Cephes' expf polynomial (`_EXP`),
 not libm's, so the machine code needs no symbol beyond OpenMP's.
 
 It serves decode passes only (one new token a sequence, the KV view's `decode_plan`), in the
@@ -61,6 +66,7 @@ declare <8 x float> @llvm.rint.v8f32(<8 x float>)
 declare <8 x float> @llvm.maxnum.v8f32(<8 x float>, <8 x float>)
 declare float @llvm.maxnum.f32(float, float)
 declare float @llvm.fma.f32(float, float, float)
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 """
 
 
@@ -75,6 +81,13 @@ def _load(kind: int, ptr: str, index: str, out: str) -> list[str]:
             f"  %{t}_w = zext <8 x i16> %{t}_h to <8 x i32>",
             f"  %{t}_s = shl <8 x i32> %{t}_w, splat (i32 16)",
             f"  {out} = bitcast <8 x i32> %{t}_s to <8 x float>"]
+
+
+def _prefetch(kind: int, ptr: str, index: str, tag: str) -> list[str]:
+    """IR: ask for the cache line holding element `index` of the KV copy at `ptr`."""
+    ty = "float" if kind == 0 else "i16"
+    return [f"  %{tag}_p = getelementptr {ty}, ptr {ptr}, i64 {index}",
+            f"  call void @llvm.prefetch.p0(ptr %{tag}_p, i32 0, i32 3, i32 1)"]
 
 
 def _store(kind: int, ptr: str, index: str, value: str, tag: str) -> list[str]:
@@ -308,6 +321,8 @@ def _prep_ir(kind: int) -> str:
 # each (sequence, KV head, part) a work item, merged after (`_merge_ir`). Fixed, so a
 # sequence's result depends on its own length only, never on the batch or the threads.
 PART_KEYS = 512
+# Keys ahead whose rows (and values) a part asks for while it multiplies the current ones.
+PREFETCH_KEYS = 16
 # Query heads sharing a KV head that one item takes together (each key loaded once for all).
 MAX_GROUP = 8
 
@@ -326,7 +341,9 @@ def _part_ir(kind: int, G: int) -> str:
          "entry:",
          "  %nc = lshr i64 %D, 3",
          "  %n2 = and i64 %n, -2",
-         "  %any2 = icmp ugt i64 %n2, 0"]
+         "  %any2 = icmp ugt i64 %n2, 0",
+         f"  %pfd = mul i64 %ps, {PREFETCH_KEYS}",
+         "  %vgap = sub i64 %voff, %koff"]
     L += [f"  %qg{g} = getelementptr float, ptr %q, i64 {0}" if g == 0 else
           f"  %qg{g} = getelementptr float, ptr %qg{g - 1}, i64 %D" for g in gs]
     L += [f"  %sg{g} = getelementptr float, ptr %sbuf, i64 {g * PART_KEYS}" for g in gs]
@@ -336,8 +353,17 @@ def _part_ir(kind: int, G: int) -> str:
     L += [f"  %m_{g} = phi float [0xFFF0000000000000, %entry], [%m2n_{g}, %s2_end]" for g in gs]
     for u in range(2):
         L += [f"  %ja{u} = add i64 %j, {u}", f"  %jb{u} = mul i64 %ja{u}, %ps", f"  %kr{u} = add i64 %jb{u}, %koff"]
-    L += ["  br label %c2", "c2:", "  %c = phi i64 [0, %s2], [%cn, %c2]"]
-    L += [f"  %a_{g}_{u} = phi <8 x float> [zeroinitializer, %s2], [%an_{g}_{u}, %c2]" for g in gs for u in range(2)]
+    # the keys PREFETCH_KEYS ahead, and their values for the pass after, a cache line at a
+    # time (the module docstring: the rows come from memory)
+    line = 64 // (4 if kind == 0 else 2)
+    L += [f"  %pfa = add i64 %kr0, %pfd", f"  %pfz = add i64 %kr1, %pfd", "  %pfe = add i64 %pfz, %D",
+          "  br label %pf2", "pf2:", "  %pfi = phi i64 [%pfa, %s2], [%pfn, %pf2]"]
+    L += _prefetch(kind, "%base", "%pfi", "pfk")
+    L += ["  %pfv = add i64 %pfi, %vgap"] + _prefetch(kind, "%base", "%pfv", "pfvv")
+    L += [f"  %pfn = add i64 %pfi, {line}", "  %pfm = icmp ult i64 %pfn, %pfe",
+          "  br i1 %pfm, label %pf2, label %c2_pre", "c2_pre:"]
+    L += ["  br label %c2", "c2:", "  %c = phi i64 [0, %c2_pre], [%cn, %c2]"]
+    L += [f"  %a_{g}_{u} = phi <8 x float> [zeroinitializer, %c2_pre], [%an_{g}_{u}, %c2]" for g in gs for u in range(2)]
     L += ["  %e = shl i64 %c, 3"]
     for u in range(2):
         L += [f"  %ke{u} = add i64 %kr{u}, %e"] + _load(kind, "%base", f"%ke{u}", f"%kv{u}")
@@ -434,6 +460,9 @@ def _part_ir(kind: int, G: int) -> str:
               for g in gs for x in range(w)]
         L += [f"  %vr0_{w} = mul i64 %vt_{w}, %ps", f"  %vr1_{w} = add i64 %vr0_{w}, %voff",
               f"  %vr2_{w} = add i64 %vr1_{w}, %vko{w}"]
+        # the value PREFETCH_KEYS ahead: its first and last of these 8 w elements' lines
+        L += [f"  %vpf{w} = add i64 %vr2_{w}, %pfd", f"  %vpl{w} = add i64 %vpf{w}, {8 * w - 1}"]
+        L += _prefetch(kind, "%base", f"%vpf{w}", f"vpa{w}") + _prefetch(kind, "%base", f"%vpl{w}", f"vpb{w}")
         for x in range(w):
             L += [f"  %ve{w}_{x} = add i64 %vr2_{w}, {8 * x}"] + _load(kind, "%base", f"%ve{w}_{x}", f"%vv{w}_{x}")
         for g in gs:

@@ -29,16 +29,20 @@ or which, share the call: batching changes no bit.
 
 Layouts (`Int8Codes`), as each output's codes run before the interleaving below: blocks in
 input order, planes one after the other:
-  NIBBLES  32 bytes per pair of blocks: byte j holds block A's code j in its low nibble and
-           block B's in its high one (GGUF's Q4_K stores its codes this way);
+  NIBBLES  16 bytes per block: byte j holds code j in its low nibble and code 16 + j in its
+           high one (GGUF's Q4_0 and Q4_1 store their codes this way), so a 32-byte vector
+           of 8 outputs' 4 bytes gives two sets of 4 inputs, used as it is loaded (a layout
+           pairing two blocks' codes in a byte had kept 8 vectors live across a block, which
+           LLVM spilled: 4 rows of x, one thread, 2-core AMD EPYC, SmolLM2's gate-up 104-110
+           -> 93-95 us, its down 58-61 -> 54);
   BYTES    32 bytes per block, one signed code a byte (Q8_0's own; and 5-bit codes where
            they join a Q8_0 weight in one product). `vpmaddubsw` multiplies unsigned by
            signed bytes, so it takes |c| and x with c's sign (`vpsignb`, as llama.cpp
            does): pairs of products then stay within 2 * 128 * 127, short of saturating
            16 bits.
   FIVES    40 bytes per pair of blocks, 5-bit codes 0..31 (Q5_0, Q5_1, Q5_K's): the pair's
-           low 4 bits as NIBBLES, then block A's fifth bits (4 bytes, bit j for code j),
-           then block B's: 5.5 bits a code where BYTES took 8 (Gemma 3 270M's Q5_0 products
+           low 4 bits, byte j holding block A's code j in its low nibble and block B's in
+           its high one, then block A's fifth bits (4 bytes, bit j for code j), then B's: 5.5 bits a code where BYTES took 8 (Gemma 3 270M's Q5_0 products
            read ~1/3 fewer bytes a decode step). The same products as BYTES, bit for bit.
 Scales and offsets are float16 [N, planes * nb], nb the blocks of a plane: as many bytes as
 torch's kernel reads for its bfloat16 scales and zeros, and exact for the blocks' own float16
@@ -345,23 +349,35 @@ def _tile_ir(layout: int, rows: int, vnni: bool) -> str:
             a(f"  %xo{r}_{j} = mul i64 %bk{j}, 32")
         sums16 = {r: None for r in range(rows)}
         sums32 = {r: None for r in range(rows)}
-        for q in range(8):
+        # NIBBLES: vector k of the block holds inputs 4k.. in its low nibbles and 16 + 4k..
+        # in its high ones, so both halves are used as it is loaded (one vector live at a
+        # time; the integer sums are exact, so their order changes no bit)
+        order = (0, 4, 1, 5, 2, 6, 3, 7) if layout == NIBBLES else range(8)
+        for pos, q in enumerate(order):
             w = f"%w_{j}_{q}"
-            if layout in (NIBBLES, FIVES):
-                step = 32 if layout == NIBBLES else 40
+            if layout == NIBBLES:
+                k = q % 4
+                if q < 4:
+                    a(f"  %wq{j}_{k}p = getelementptr i8, ptr %wp, i64 {32 * (4 * j + k)}")
+                    a(f"  %wv{j}_{k} = load <32 x i8>, ptr %wq{j}_{k}p, align 1")
+                    a(f"  {w} = and <32 x i8> %wv{j}_{k}, splat (i8 15)")
+                else:
+                    a(f"  {w} = lshr <32 x i8> %wv{j}_{k}, splat (i8 4)")
+            elif layout == FIVES:
+                step = 40
                 a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {step * q}")
                 a(f"  %wv{j}_{q} = load <32 x i8>, ptr %wq{j}_{q}p, align 1")
-                low = w if layout == NIBBLES else f"%wl_{j}_{q}"
+                low = f"%wl_{j}_{q}"
                 if j == 0:
                     a(f"  {low} = and <32 x i8> %wv{j}_{q}, splat (i8 15)")
                 else:
                     a(f"  {low} = lshr <32 x i8> %wv{j}_{q}, splat (i8 4)")
-                if layout == FIVES:  # the fifth bits of those 32 codes: bit i for byte i
-                    a(f"  %hp_{j}_{q} = getelementptr i8, ptr %wq{j}_{q}p, i64 {32 + 4 * j}")
-                    a(f"  %hb_{j}_{q} = load i32, ptr %hp_{j}_{q}, align 1")
-                    a(f"  %hm_{j}_{q} = bitcast i32 %hb_{j}_{q} to <32 x i1>")
-                    a(f"  %hz_{j}_{q} = select <32 x i1> %hm_{j}_{q}, <32 x i8> splat (i8 16), <32 x i8> zeroinitializer")
-                    a(f"  {w} = or <32 x i8> {low}, %hz_{j}_{q}")
+                # the fifth bits of those 32 codes: bit i for byte i
+                a(f"  %hp_{j}_{q} = getelementptr i8, ptr %wq{j}_{q}p, i64 {32 + 4 * j}")
+                a(f"  %hb_{j}_{q} = load i32, ptr %hp_{j}_{q}, align 1")
+                a(f"  %hm_{j}_{q} = bitcast i32 %hb_{j}_{q} to <32 x i1>")
+                a(f"  %hz_{j}_{q} = select <32 x i1> %hm_{j}_{q}, <32 x i8> splat (i8 16), <32 x i8> zeroinitializer")
+                a(f"  {w} = or <32 x i8> {low}, %hz_{j}_{q}")
             else:
                 a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {256 * j + 32 * q}")
                 a(f"  {w} = load <32 x i8>, ptr %wq{j}_{q}p, align 1")
@@ -392,7 +408,7 @@ def _tile_ir(layout: int, rows: int, vnni: bool) -> str:
                 else:
                     a(f"  %s16_{kq} = add <16 x i16> {sums16[r]}, %m_{kq}")
                     sums16[r] = f"%s16_{kq}"
-                if (q + 1) % run == 0:  # into 32 bits
+                if (pos + 1) % run == 0:  # into 32 bits
                     a(f"  %w32_{kq} = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {sums16[r]}, <16 x i16> splat (i16 1))")
                     sums16[r] = None
                     if sums32[r] is None:
@@ -881,8 +897,8 @@ def nibble_codes(planes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) 
     parts, scales, offsets = [], [], []
     for codes, s, b in planes:
         N, K = codes.shape
-        pairs = codes.reshape(N, K // 64, 2, 32)
-        parts.append((pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(N, K // 2))
+        halves = codes.reshape(N, K // 32, 2, 16)  # per block: codes 0..15, then 16..31
+        parts.append((halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(N, K // 2))
         scales.append(s)
         offsets.append(b)
     n = len(planes)
@@ -919,8 +935,8 @@ def logical_codes(w: Int8Codes) -> torch.Tensor:
     """The weight's codes as integers int16 [N, planes, K / 32, 32], output by output."""
     N = w.codes.shape[0]
     if w.layout == NIBBLES:
-        raw = _deinterleave(w.codes, 4).reshape(N, w.planes, -1, 32)
-        return torch.stack((raw & 15, raw >> 4), dim=3).reshape(N, w.planes, -1, GROUP).to(torch.int16)
+        raw = _deinterleave(w.codes, 4).reshape(N, w.planes, -1, GROUP // 2)
+        return torch.cat((raw & 15, raw >> 4), dim=3).to(torch.int16)
     if w.layout == BYTES:
         return _deinterleave(w.codes, 4).view(torch.int8).reshape(N, w.planes, -1, GROUP).to(torch.int16)
     if w.planes != 1:

@@ -126,15 +126,16 @@ def test_gguf_blocks_map_onto_the_layouts_exactly(t):
 def _held(w: P.Int8Codes) -> torch.Tensor:
     """The [N, K] weight `w` holds, read off its layout in float64: sum over planes of
     scale * code + offset. Each group of 8 outputs is stored interleaved: for each block (a
-    pair of blocks in NIBBLES and FIVES) and each 4 inputs q, the 8 outputs' 4 codes."""
+    pair of blocks in FIVES) and each 4 inputs q, the 8 outputs' 4 codes (NIBBLES: 4 bytes
+    an output hold inputs 4q.. in their low nibbles and 16 + 4q.. in their high ones)."""
     n = w.codes.shape[0]
     g = n // 8
     held = 0
     for p in range(w.planes):
-        if w.layout == P.NIBBLES:  # [group, plane, pair, q, output, 4]
-            raw = w.codes.reshape(g, w.planes, -1, 8, 8, 4)[:, p].permute(0, 3, 1, 2, 4)
-            raw = raw.reshape(n, -1, 32)  # [n, pairs, 32]: block A's codes low, B's high
-            codes = torch.stack((raw & 15, raw >> 4), dim=2).reshape(n, -1, 32)
+        if w.layout == P.NIBBLES:  # [group, plane, block, q (4), output, 4]
+            raw = w.codes.reshape(g, w.planes, -1, 4, 8, 4)[:, p].permute(0, 3, 1, 2, 4)
+            raw = raw.reshape(n, -1, 16)  # [n, blocks, 16]: inputs 0..15 low, 16..31 high
+            codes = torch.cat((raw & 15, raw >> 4), dim=2)
         elif w.layout == P.FIVES:  # (one plane) [group, pair, q, 32 nibbles + 2 x 4 fifth bits]
             t = w.codes.reshape(g, -1, 8, 40)
             low = t[..., :32].reshape(g, -1, 8, 1, 8, 4)

@@ -55,7 +55,8 @@ Every tensor is stored interleaved by groups of 8 outputs (`GROUP_OUTPUTS`; N a 
 8): within a group, the 8 rows' first 4 code bytes, then their next 4, ... (FIVES: for each
 pair of blocks and 4 inputs q, the 8 outputs' 4 nibble bytes, then the 32 fifth bits of
 block A's codes there, then B's), and each block's 8 scales (offsets) side by side. One
-32-byte vector then holds 4 inputs of 8 outputs, one output a 32-bit lane: x's 4 bytes
+32-byte vector then holds 4 inputs of 8 outputs (NIBBLES: twice, in its low and high
+nibbles), one output a 32-bit lane: x's 4 bytes
 broadcast against it sum into each output's lane, a whole block's sum in one vector after
 8 of them, so a block costs one convert, one scale multiply and one multiply-add for 8
 outputs (stored output by output, AVX2 had taken those for every output, plus a sum of 8

@@ -41,9 +41,11 @@ input order, planes one after the other:
            does): pairs of products then stay within 2 * 128 * 127, short of saturating
            16 bits.
   FIVES    40 bytes per pair of blocks, 5-bit codes 0..31 (Q5_0, Q5_1, Q5_K's): the pair's
-           low 4 bits, byte j holding block A's code j in its low nibble and block B's in
-           its high one, then block A's fifth bits (4 bytes, bit j for code j), then B's: 5.5 bits a code where BYTES took 8 (Gemma 3 270M's Q5_0 products
-           read ~1/3 fewer bytes a decode step). The same products as BYTES, bit for bit.
+           low 4 bits, byte j holding block A's code j in its low nibble and B's in its
+           high one, then A's fifth bits, then B's, sliced so that one shift and one mask
+           put any 4 inputs' fifth bits of 8 outputs in place (below): 5.5 bits a code
+           where BYTES took 8 (Gemma 3 270M's Q5_0 products read ~1/3 fewer bytes a decode
+           step). The same products as BYTES, bit for bit.
 Scales and offsets are float16 [N, planes * nb], nb the blocks of a plane: as many bytes as
 torch's kernel reads for its bfloat16 scales and zeros, and exact for the blocks' own float16
 scales (a Q4_K scale d * sc rounds to float16, 1/2048 of itself at most). A decode step reads
@@ -53,8 +55,10 @@ accumulators, each against the same x (`nibble_codes`); every GGUF type fits one
 
 Every tensor is stored interleaved by groups of 8 outputs (`GROUP_OUTPUTS`; N a multiple of
 8): within a group, the 8 rows' first 4 code bytes, then their next 4, ... (FIVES: for each
-pair of blocks and 4 inputs q, the 8 outputs' 4 nibble bytes, then the 32 fifth bits of
-block A's codes there, then B's), and each block's 8 scales (offsets) side by side. One
+pair of blocks: for each 4 inputs q the 8 outputs' 4 nibble bytes, then block A's fifth
+bits as 32 bytes, byte 4o + i holding output o's input 4q + i in bit q, then B's; spread
+one a byte, 4 bytes a q, they had taken a broadcast, a shuffle, two masks and a compare),
+and each block's 8 scales (offsets) side by side. One
 32-byte vector then holds 4 inputs of 8 outputs (NIBBLES: twice, in its low and high
 nibbles), one output a 32-bit lane: x's 4 bytes
 broadcast against it sum into each output's lane, a whole block's sum in one vector after
@@ -365,19 +369,24 @@ def _tile_ir(layout: int, rows: int, vnni: bool) -> str:
                 else:
                     a(f"  {w} = lshr <32 x i8> %wv{j}_{k}, splat (i8 4)")
             elif layout == FIVES:
-                step = 40
-                a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {step * q}")
+                a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {32 * q}")
                 a(f"  %wv{j}_{q} = load <32 x i8>, ptr %wq{j}_{q}p, align 1")
                 low = f"%wl_{j}_{q}"
                 if j == 0:
                     a(f"  {low} = and <32 x i8> %wv{j}_{q}, splat (i8 15)")
                 else:
                     a(f"  {low} = lshr <32 x i8> %wv{j}_{q}, splat (i8 4)")
-                # the fifth bits of those 32 codes: bit i for byte i
-                a(f"  %hp_{j}_{q} = getelementptr i8, ptr %wq{j}_{q}p, i64 {32 + 4 * j}")
-                a(f"  %hb_{j}_{q} = load i32, ptr %hp_{j}_{q}, align 1")
-                a(f"  %hm_{j}_{q} = bitcast i32 %hb_{j}_{q} to <32 x i1>")
-                a(f"  %hz_{j}_{q} = select <32 x i1> %hm_{j}_{q}, <32 x i8> splat (i8 16), <32 x i8> zeroinitializer")
+                # the block's fifth bits, bit q of each byte for these 32 codes: moved to
+                # bit 4 by one shift (bit q of a byte only moves within it)
+                if q == 0:
+                    a(f"  %fbp{j} = getelementptr i8, ptr %wp, i64 {256 + 32 * j}")
+                    a(f"  %fb{j} = load <32 x i8>, ptr %fbp{j}, align 1")
+                if q < 4:
+                    a(f"  %ft_{j}_{q} = shl <32 x i8> %fb{j}, splat (i8 {4 - q})")
+                elif q > 4:
+                    a(f"  %ft_{j}_{q} = lshr <32 x i8> %fb{j}, splat (i8 {q - 4})")
+                ft = f"%ft_{j}_{q}" if q != 4 else f"%fb{j}"
+                a(f"  %hz_{j}_{q} = and <32 x i8> {ft}, splat (i8 16)")
                 a(f"  {w} = or <32 x i8> {low}, %hz_{j}_{q}")
             else:
                 a(f"  %wq{j}_{q}p = getelementptr i8, ptr %wp, i64 {256 * j + 32 * q}")
@@ -918,16 +927,17 @@ _BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
 def five_codes(codes: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> Int8Codes:
     """codes uint8 [N, K] in 0..31, w = s * c + b -> FIVES codes: for each group of 8
-    outputs, pair of blocks and 4 inputs q, the 8 outputs' low nibbles (block A's low, B's
-    high), then A's fifth bits (bit 4o + i for output o's input 4q + i), then B's."""
+    outputs and pair of blocks, for each 4 inputs q the 8 outputs' low nibbles (block A's
+    low, B's high), then block A's fifth bits (byte 4o + i: bit q for output o's input
+    4q + i), then B's."""
     N, K = codes.shape
     _check_outputs(N)
     G, P = N // GROUP_OUTPUTS, K // 64
     # [group, output, pair, block, q, i] -> [group, pair, q, block, output, i]
     c = codes.reshape(G, GROUP_OUTPUTS, P, 2, 8, 4).permute(0, 2, 4, 3, 1, 5)
-    low = ((c[:, :, :, 0] & 15) | ((c[:, :, :, 1] & 15) << 4)).reshape(G, P, 8, 32)
-    bits = ((c >> 4) & 1).reshape(G, P, 8, 2, 4, 8)
-    high = (bits * _BIT_WEIGHTS).sum(-1, dtype=torch.uint8).reshape(G, P, 8, 8)
+    low = ((c[:, :, :, 0] & 15) | ((c[:, :, :, 1] & 15) << 4)).reshape(G, P, 256)
+    bits = ((c >> 4) & 1).reshape(G, P, 8, 2, 32)  # [group, pair, q, block, 4o + i]
+    high = (bits * _BIT_WEIGHTS.reshape(8, 1, 1)).sum(2, dtype=torch.uint8).reshape(G, P, 64)
     return Int8Codes(torch.cat((low, high), -1).reshape(N, P * 40).contiguous(),
                      _half(s), _half(b), FIVES, 1)
 
@@ -943,11 +953,11 @@ def logical_codes(w: Int8Codes) -> torch.Tensor:
     if w.planes != 1:
         raise ValueError("5-bit codes are one plane")
     G = N // GROUP_OUTPUTS
-    t = w.codes.reshape(G, -1, 8, 40)  # [group, pair, q, 40]
+    t = w.codes.reshape(G, -1, 320)  # [group, pair, 8 x 32 nibble bytes + 2 x 32 fifth bits]
     P = t.shape[1]
-    low = t[..., :32].reshape(G, P, 8, 1, GROUP_OUTPUTS, 4)
-    high = t[..., 32:].reshape(G, P, 8, 2, 4, 1)
-    fifth = ((high >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(G, P, 8, 2, GROUP_OUTPUTS, 4)
+    low = t[..., :256].reshape(G, P, 8, 1, GROUP_OUTPUTS, 4)
+    high = t[..., 256:].reshape(G, P, 1, 2, GROUP_OUTPUTS, 4)
+    fifth = (high >> torch.arange(8, dtype=torch.uint8).reshape(8, 1, 1, 1)) & 1  # bit q
     nibbles = torch.cat((low & 15, low >> 4), 3)  # [group, pair, q, block, output, i]
     c = (nibbles | (fifth << 4)).permute(0, 4, 1, 3, 2, 5)  # [group, output, pair, block, q, i]
     return c.reshape(N, 1, 2 * P, GROUP).to(torch.int16)

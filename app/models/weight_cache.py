@@ -45,14 +45,15 @@ from app.models.layers import DualWeight, WeightFormat
 from app.models.int8_products import Int8Codes
 from app.models.quantized import Int4Codes, QuantizedWeight, RawTensor
 
-LAYOUT_VERSION = 13  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
+LAYOUT_VERSION = 14  # 2: 4-bit weights use their planes up to 8 rows (was 2); 3: screened heads;
 #                   4: only from SCREEN_MIN_ROWS tokens; 5: Q2_K/Q3_K/Q6_K as two planes;
 #                   6: two planes packed side by side, one product; 7: screened from 32,768
 #                   tokens, one in 128 of them rescored; 8: a folder of parts (was one file);
 #                   9: a joined product's parts hold slices of its scales, not copies;
 #                   10: `Int8Codes` for the 8-bit activation kernel; 11: 5-bit codes in
 #                   5.5 bits (`int8_products.FIVES`); 12: `Int8Codes` interleaved by
-#                   groups of 8 outputs; 13: NIBBLES pair codes j and 16 + j of one block
+#                   groups of 8 outputs; 13: NIBBLES pair codes j and 16 + j of one block;
+#                   14: FIVES' fifth bits sliced, bit q of a byte for inputs 4q..
 MANIFEST = "entry.json"  # {"parts": [file names]}: written last, the entry is complete with it
 # Entries whose model file no `.source` names (written before those files existed): deleted
 # once this old (by modification time) unless a load uses them first (which writes their

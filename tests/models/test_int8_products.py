@@ -136,14 +136,13 @@ def _held(w: P.Int8Codes) -> torch.Tensor:
             raw = w.codes.reshape(g, w.planes, -1, 4, 8, 4)[:, p].permute(0, 3, 1, 2, 4)
             raw = raw.reshape(n, -1, 16)  # [n, blocks, 16]: inputs 0..15 low, 16..31 high
             codes = torch.cat((raw & 15, raw >> 4), dim=2)
-        elif w.layout == P.FIVES:  # (one plane) [group, pair, q, 32 nibbles + 2 x 4 fifth bits]
-            t = w.codes.reshape(g, -1, 8, 40)
-            low = t[..., :32].reshape(g, -1, 8, 1, 8, 4)
+        elif w.layout == P.FIVES:  # (one plane) [group, pair, 8 q x 32 nibbles + 2 x 32 fifth bits]
+            t = w.codes.reshape(g, -1, 320).to(torch.int64)
+            low = t[..., :256].reshape(g, -1, 8, 1, 8, 4)
             low = torch.cat((low & 15, low >> 4), dim=3)  # [group, pair, q, block, output, 4]
-            words = t[..., 32:].reshape(g, -1, 8, 2, 4).to(torch.int64)
-            bits = (words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24)
-            fifth = ((bits[..., None] >> torch.arange(32)) & 1).reshape(low.shape)  # bit 4o + i
-            codes = (low.to(torch.int64) + 16 * fifth).permute(0, 4, 1, 3, 2, 5).reshape(n, -1, 32)
+            sliced = t[..., 256:].reshape(g, -1, 1, 2, 8, 4)  # byte 4o + i of each block: bit q
+            fifth = (sliced >> torch.arange(8).reshape(8, 1, 1, 1)) & 1
+            codes = (low + 16 * fifth).permute(0, 4, 1, 3, 2, 5).reshape(n, -1, 32)
         else:  # [group, plane, block, q, output, 4]
             raw = w.codes.view(torch.int8).reshape(g, w.planes, -1, 8, 8, 4)[:, p]
             codes = raw.permute(0, 3, 1, 2, 4).reshape(n, -1, 32)

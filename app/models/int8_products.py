@@ -58,12 +58,11 @@ Every tensor is stored interleaved by groups of 8 outputs (`GROUP_OUTPUTS`; N a 
 pair of blocks: for each 4 inputs q the 8 outputs' 4 nibble bytes, then block A's fifth
 bits as 32 bytes, byte 4o + i holding output o's input 4q + i in bit q, then B's; spread
 one a byte, 4 bytes a q, they had taken a broadcast, a shuffle, two masks and a compare),
-and each block's 8 scales (offsets) side by side. One
-32-byte vector then holds 4 inputs of 8 outputs (NIBBLES: twice, in its low and high
-nibbles), one output a 32-bit lane: x's 4 bytes
-broadcast against it sum into each output's lane, a whole block's sum in one vector after
-8 of them, so a block costs one convert, one scale multiply and one multiply-add for 8
-outputs (stored output by output, AVX2 had taken those for every output, plus a sum of 8
+and each block's 8 scales (offsets) side by side. One 32-byte vector then holds 4 inputs
+of 8 outputs (NIBBLES: twice, in its low and high nibbles), one output a 32-bit lane: x's
+4 bytes broadcast against it sum into each output's lane, a whole block's sum in one
+vector after 8 of them, so a block costs one convert, one scale multiply and one
+multiply-add for 8 outputs (stored output by output, AVX2 had taken those for every output, plus a sum of 8
 lanes at the end). Four rows of x are bound by that arithmetic, not the memory: SmolLM2's
 3072 x 576 gate-up, four rows, cache-resident, 111-115 -> 63-70 us on a 2-core AMD EPYC
 (one row 50-52 -> 30-33 us). A tensor keeps its [N, ...] shape, so whole groups of outputs

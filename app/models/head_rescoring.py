@@ -16,7 +16,8 @@ bytes q):
     y_n   = the four summed as a fixed tree, then their 8 lanes likewise
 Every candidate's value is computed alone in one fixed order, so it depends neither on which
 other candidates or rows share the call nor on the threads: batching changes no bit (as the
-torch path: `_rescored`'s docstring). The candidates are split among torch's OpenMP threads
+torch path: `_rescored`'s docstring). A call takes every row of a batch's logits, each
+candidate with its row of x (`which`). The candidates are split among torch's OpenMP threads
 in runs; each asks for the rows a few candidates ahead (their addresses are random to the
 hardware's prefetchers).
 """
@@ -40,9 +41,9 @@ _DECLARE = """
 declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
 declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 """
-# rescore_work's arguments: x, rows, row_bytes, ids, count, nb, out
-_ARGS = "%rescore_args = type { ptr, ptr, i64, ptr, i64, i64, ptr }"
-_FIELDS = (("ptr", "x"), ("ptr", "rows"), ("i64", "row_bytes"), ("ptr", "ids"),
+# rescore_work's arguments: x, rows, row_bytes, ids, which, count, nb, out
+_ARGS = "%rescore_args = type { ptr, ptr, i64, ptr, ptr, i64, i64, ptr }"
+_FIELDS = (("ptr", "x"), ("ptr", "rows"), ("i64", "row_bytes"), ("ptr", "ids"), ("ptr", "which"),
            ("i64", "count"), ("i64", "nb"), ("ptr", "out"))
 
 
@@ -84,7 +85,7 @@ def _work_ir() -> str:
     for i, (ty, name) in enumerate(_FIELDS):
         L += [f"  %{name}p = getelementptr %rescore_args, ptr %argp, i32 0, i32 {i}",
               f"  %{name} = load {ty}, ptr %{name}p"]
-    L += ["  %c1 = add i64 %count, %nth", "  %c2 = sub i64 %c1, 1",
+    L += ["  %K = mul i64 %nb, 32", "  %c1 = add i64 %count, %nth", "  %c2 = sub i64 %c1, 1",
           "  %chunk = udiv i64 %c2, %nth",
           "  %i0a = mul i64 %tid, %chunk", "  %i0lt = icmp ult i64 %i0a, %count",
           "  %i0 = select i1 %i0lt, i64 %i0a, i64 %count",
@@ -116,7 +117,11 @@ def _work_ir() -> str:
           "  %id = load i64, ptr %idp, align 8",
           "  %ro = mul i64 %id, %row_bytes",
           "  %row = getelementptr i8, ptr %rows, i64 %ro",
-          "  %y = call float @rescore_dot(ptr %x, ptr %row, i64 %nb)",
+          "  %whp = getelementptr i64, ptr %which, i64 %i",  # the candidate's row of x
+          "  %wh = load i64, ptr %whp, align 8",
+          "  %xw = mul i64 %wh, %K",
+          "  %xr = getelementptr float, ptr %x, i64 %xw",
+          "  %y = call float @rescore_dot(ptr %xr, ptr %row, i64 %nb)",
           "  %yp = getelementptr float, ptr %out, i64 %i",
           "  store float %y, ptr %yp, align 4",
           "  br label %next",
@@ -129,10 +134,10 @@ def _work_ir() -> str:
 
 
 def _driver_ir(threaded: bool) -> str:
-    """rescore(x, rows, row_bytes, ids, count, nb, out, threads)."""
+    """rescore(x, rows, row_bytes, ids, which, count, nb, out, threads)."""
     extra, run = int8_products.parallel_ir(threaded, "rescore_work", "rescore_omp_body")
-    L = ["define void @rescore(ptr %x, ptr %rows, i64 %row_bytes, ptr %ids, i64 %count, "
-         "i64 %nb, ptr %out, i32 %threads) {",
+    L = ["define void @rescore(ptr %x, ptr %rows, i64 %row_bytes, ptr %ids, ptr %which, "
+         "i64 %count, i64 %nb, ptr %out, i32 %threads) {",
          "entry:", "  %a = alloca %rescore_args"]
     for i, (ty, name) in enumerate(_FIELDS):
         L += [f"  %f{i} = getelementptr %rescore_args, ptr %a, i32 0, i32 {i}",
@@ -159,38 +164,62 @@ def serves(ggml_type, x: torch.Tensor) -> bool:
             and x.shape[-1] % GROUP == 0 and int8_products.kernel() is not None)
 
 
-def rescore(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """x float32 [K] (any float dtype is converted), rows uint8 [V, K / 32 * 34] (Q8_0
-    blocks), ids int64 [n] in 0..V-1 -> float32 [n]: each id's row times x."""
+def rescore(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
+            which: torch.Tensor | None = None) -> torch.Tensor:
+    """x float32 [K] or [R, K] (any float dtype is converted), rows uint8 [V, K / 32 * 34]
+    (Q8_0 blocks), ids int64 [n] in 0..V-1 -> float32 [n]: each id's row times x, or with
+    `which` (int64 [n] in 0..R-1) times x's row `which[i]`: every row of a batch's logits
+    in one call (one parallel region, not one a row)."""
     k = int8_products.kernel()
     if k is None:
         raise RuntimeError(f"The compiled kernels are not available: {int8_products.unavailable_reason()}")
     K = x.shape[-1]
-    if x.dim() != 1 or K % GROUP:
-        raise ValueError("head_rescoring.rescore: x must be one row of whole blocks of 32")
+    if x.dim() not in (1, 2) or K % GROUP:
+        raise ValueError("head_rescoring.rescore: x must be rows of whole blocks of 32")
     nb = K // GROUP
     if not (rows.dtype == torch.uint8 and rows.dim() == 2 and rows.shape[1] == nb * Q8_0_BLOCK_BYTES):
         raise ValueError(f"head_rescoring.rescore: rows {tuple(rows.shape)} are not Q8_0 rows of {K}")
     if rows.stride(1) != 1 or rows.stride(0) < rows.shape[1]:
         rows = rows.contiguous()
-    if ids.dtype != torch.int64 or not ids.is_contiguous() or ids.dim() != 1:
-        ids = ids.to(torch.int64).contiguous().view(-1)
-    if ids.numel():
-        lowest, highest = ids.aminmax()
-        if not (0 <= int(lowest) and int(highest) < rows.shape[0]):
-            raise ValueError("head_rescoring.rescore: an id outside the rows")  # the kernel trusts ids
+    ids = _index(ids)
+    x_rows = 1 if x.dim() == 1 else x.shape[0]
+    if which is None:
+        if x.dim() != 1:
+            raise ValueError("head_rescoring.rescore: rows of x need `which`, a row a candidate")
+        which = torch.zeros(ids.numel(), dtype=torch.int64)
+    which = _index(which)
+    if which.numel() != ids.numel():
+        raise ValueError("head_rescoring.rescore: `which` needs one row of x a candidate")
+    if ids.numel():  # the kernel trusts both
+        _within(ids, rows.shape[0], "an id outside the rows")
+        _within(which, x_rows, "a candidate's row outside x")
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     out = torch.empty(ids.numel(), dtype=torch.float32)
     if ids.numel():
         threads = torch.get_num_threads() if ids.numel() * K >= _PARALLEL_WORK else 1
-        k.rescore(xf.data_ptr(), rows.data_ptr(), rows.stride(0), ids.data_ptr(), ids.numel(), nb,
-                  out.data_ptr(), threads)
+        k.rescore(xf.data_ptr(), rows.data_ptr(), rows.stride(0), ids.data_ptr(), which.data_ptr(),
+                  ids.numel(), nb, out.data_ptr(), threads)
     return out
 
 
-def reference(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def _index(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernel reads an index array: int64, contiguous, one dimension."""
+    if t.dtype != torch.int64 or not t.is_contiguous() or t.dim() != 1:
+        t = t.to(torch.int64).contiguous().view(-1)
+    return t
+
+
+def _within(t: torch.Tensor, size: int, what: str) -> None:
+    lowest, highest = t.aminmax()
+    if not (0 <= int(lowest) and int(highest) < size):
+        raise ValueError(f"head_rescoring.rescore: {what}")
+
+
+def reference(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
+              which: torch.Tensor | None = None) -> torch.Tensor:
     """What `rescore` computes, in float64 from the blocks: for the tests."""
     blocks = rows.index_select(0, ids).reshape(ids.numel(), -1, Q8_0_BLOCK_BYTES)
     d = blocks[..., :2].contiguous().view(torch.float16).double()  # [n, nb, 1]
     q = blocks[..., 2:].contiguous().view(torch.int8).double()  # [n, nb, 32]
-    return ((q * d).reshape(ids.numel(), -1) * x.double()).sum(-1)
+    xs = x.double() if which is None else x.double()[which]
+    return ((q * d).reshape(ids.numel(), -1) * xs).sum(-1)

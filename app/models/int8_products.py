@@ -739,7 +739,7 @@ def _compile() -> _Kernel:
     attend = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, ptr, i64, f32, ptr, i64, i64, i64, i64, i64, i64,
                               f32, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_int32)(
         engine.get_function_address("attend"))
-    rescore = ctypes.CFUNCTYPE(None, ptr, ptr, i64, ptr, i64, i64, ptr, ctypes.c_int32)(
+    rescore = ctypes.CFUNCTYPE(None, ptr, ptr, i64, ptr, ptr, i64, i64, ptr, ctypes.c_int32)(
         engine.get_function_address("rescore"))
     block = ctypes.CFUNCTYPE(None, ptr, ptr)(engine.get_function_address("block"))
     return _Kernel(fn, attend, rescore, block, engine, threaded, isa + ("-VNNI" if vnni else ""))

@@ -605,9 +605,12 @@ def _screened_top(out: torch.Tensor, k: int) -> list[torch.Tensor]:
 def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
     """x [n, in], the screen's products [n, out] -> float32 [n, out] with about
     `w.exact_top` of each row's largest recomputed from the raw rows: the candidates chosen
-    _RESCORE_ROWS rows at a time, the weights gathered a row at a time (float32, ~2.6 MB for
-    1,024 of 640) and multiplied by that row of x in place (a gathered copy of x per weight
-    row and a second product buffer cost ~0.25 ms a row more).
+    _RESCORE_ROWS rows at a time, all of those rows' in one compiled call where it serves
+    (`head_rescoring`: one parallel region for a batch of streams; a call a row had cost
+    each row its own region and Python, the helper thread waking for the first), else the
+    weights gathered a row at a time (float32, ~2.6 MB for 1,024 of 640) and multiplied by
+    that row of x in place (a gathered copy of x per weight row and a second product buffer
+    cost ~0.25 ms a row more).
 
     Each exact value is one weight row's elementwise product with x's row, summed over
     `in` (not a matrix product, whose sums depend on how many rows it is given): it does not
@@ -618,14 +621,17 @@ def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> to
     compiled = head_rescoring.serves(w.rows.ggml_type, xf)
     for start in range(0, out.shape[0], _RESCORE_ROWS):
         part = out[start: start + _RESCORE_ROWS]
-        for r, row_ids in enumerate(_screened_top(part, w.exact_top)):
-            if compiled:  # the rows read in place (app.models.head_rescoring)
-                exact = head_rescoring.rescore(xf[start + r], w.rows.data, row_ids)
-            else:
-                weights = dequantize_rows(w.rows.data.index_select(0, row_ids), w.rows.ggml_type,
-                                          w.in_features)
-                exact = weights.mul_(xf[start + r]).sum(-1)
-            part[r].index_put_((row_ids,), exact)
+        chosen = _screened_top(part, w.exact_top)
+        if compiled:  # the rows read in place, every row's candidates in one call
+            ids = torch.cat(chosen)
+            which = torch.repeat_interleave(torch.tensor([len(c) for c in chosen]))
+            exact = head_rescoring.rescore(xf[start: start + len(chosen)], w.rows.data, ids, which)
+            part.index_put_((which, ids), exact)
+            continue
+        for r, row_ids in enumerate(chosen):
+            weights = dequantize_rows(w.rows.data.index_select(0, row_ids), w.rows.ggml_type,
+                                      w.in_features)
+            part[r].index_put_((row_ids,), weights.mul_(xf[start + r]).sum(-1))
     return out
 
 

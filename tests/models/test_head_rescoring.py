@@ -57,6 +57,18 @@ def test_other_candidates_and_threads_change_no_bit():
     assert R.rescore(x, rows, torch.empty(0, dtype=torch.int64)).shape == (0,)
 
 
+def test_rows_of_x_in_one_call_are_each_rows_own_call():
+    rows = _rows(4000, 576, seed=9)
+    x = torch.randn(4, 576, generator=torch.Generator().manual_seed(10))
+    gen = torch.Generator().manual_seed(11)
+    chosen = [torch.randint(0, 4000, (n,), generator=gen) for n in (300, 1, 0, 450)]
+    ids = torch.cat(chosen)
+    which = torch.repeat_interleave(torch.tensor([len(c) for c in chosen]))
+    together = R.rescore(x, rows, ids, which)
+    assert torch.equal(together, torch.cat([R.rescore(x[r], rows, c) for r, c in enumerate(chosen)]))
+    torch.testing.assert_close(together.double(), R.reference(x, rows, ids, which), rtol=1e-5, atol=1e-6)
+
+
 def test_bad_ids_and_rows_are_refused():
     rows = _rows(100, 64, seed=6)
     x = torch.randn(64)
@@ -67,7 +79,13 @@ def test_bad_ids_and_rows_are_refused():
     with pytest.raises(ValueError, match="Q8_0 rows"):
         R.rescore(torch.randn(96), rows, torch.tensor([0]))
     with pytest.raises(ValueError, match="whole blocks"):
+        R.rescore(torch.randn(2, 48), rows, torch.tensor([0]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="need `which`"):
         R.rescore(torch.randn(2, 64), rows, torch.tensor([0]))
+    with pytest.raises(ValueError, match="row outside x"):
+        R.rescore(torch.randn(2, 64), rows, torch.tensor([0, 1]), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="one row of x a candidate"):
+        R.rescore(torch.randn(2, 64), rows, torch.tensor([0, 1]), torch.tensor([0]))
 
 
 def test_a_screened_q8_0_head_rescores_here(monkeypatch):
@@ -84,6 +102,6 @@ def test_a_screened_q8_0_head_rescores_here(monkeypatch):
     head = WeightFormat(torch.float16, False, None, True, torch.bfloat16).prepare(raw, output=True)
     x = torch.randn(2, width, generator=torch.Generator().manual_seed(8))
     got = linear(x, head, False)
-    assert len(calls) == 2  # one call a row of logits
+    assert len(calls) == 1  # both rows of logits in one call
     exact = x @ raw.dequantize().t()
     assert torch.equal(got.argmax(-1), exact.argmax(-1))

@@ -624,7 +624,8 @@ def _rescored(x: torch.Tensor, screened: torch.Tensor, w: QuantizedWeight) -> to
         chosen = _screened_top(part, w.exact_top)
         if compiled:  # the rows read in place, every row's candidates in one call
             ids = torch.cat(chosen)
-            which = torch.repeat_interleave(torch.tensor([len(c) for c in chosen]))
+            # (numpy's repeat: torch's repeat_interleave took ~21 us against ~7)
+            which = torch.from_numpy(np.repeat(np.arange(len(chosen)), [len(c) for c in chosen]))
             exact = head_rescoring.rescore(xf[start: start + len(chosen)], w.rows.data, ids, which)
             part.index_put_((which, ids), exact)
             continue

@@ -347,6 +347,28 @@ def _part_ir(kind: int, G: int) -> str:
     L += [f"  %qg{g} = getelementptr float, ptr %q, i64 {0}" if g == 0 else
           f"  %qg{g} = getelementptr float, ptr %qg{g - 1}, i64 %D" for g in gs]
     L += [f"  %sg{g} = getelementptr float, ptr %sbuf, i64 {g * PART_KEYS}" for g in gs]
+    # the first PREFETCH_KEYS keys' and values' lines asked for at once (the passes below ask
+    # PREFETCH_KEYS ahead, so a part's first keys, and its values' first, had come a line at
+    # a time: a short sequence's part is mostly those). With the values' W below, timed per
+    # thread in the engine (SmolLM2, 2-core AMD EPYC): four streams of 24-token prompts, the
+    # attention's share of a step 514-579 -> 435-526 us a thread; one stream after 1,000
+    # tokens 1,388-1,421 -> 1,241-1,301 us.
+    line = 64 // (4 if kind == 0 else 2)
+    L += ["  %pf0big = icmp ugt i64 %n, " + str(PREFETCH_KEYS),
+          f"  %pf0n = select i1 %pf0big, i64 {PREFETCH_KEYS}, i64 %n",
+          "  %pf0any = icmp ugt i64 %pf0n, 0",
+          "  br i1 %pf0any, label %pf0, label %pf0_done",
+          "pf0:", "  %pf0t = phi i64 [0, %entry], [%pf0tn, %pf0_row]",
+          "  %pf0r0 = mul i64 %pf0t, %ps", "  %pf0r = add i64 %pf0r0, %koff", "  br label %pf0_line",
+          "pf0_line:", "  %pf0e = phi i64 [0, %pf0], [%pf0en, %pf0_line]",
+          "  %pf0k = add i64 %pf0r, %pf0e"]
+    L += _prefetch(kind, "%base", "%pf0k", "pf0kk")
+    L += ["  %pf0v = add i64 %pf0k, %vgap"] + _prefetch(kind, "%base", "%pf0v", "pf0vv")
+    L += [f"  %pf0en = add i64 %pf0e, {line}", "  %pf0em = icmp ult i64 %pf0en, %D",
+          "  br i1 %pf0em, label %pf0_line, label %pf0_row",
+          "pf0_row:", "  %pf0tn = add i64 %pf0t, 1", "  %pf0tm = icmp ult i64 %pf0tn, %pf0n",
+          "  br i1 %pf0tm, label %pf0, label %pf0_done",
+          "pf0_done:"]
     L += ["  br i1 %any2, label %s2, label %s1_pre",
           "s2:",
           "  %j = phi i64 [0, %entry], [%jn, %s2_end]"]
@@ -355,7 +377,6 @@ def _part_ir(kind: int, G: int) -> str:
         L += [f"  %ja{u} = add i64 %j, {u}", f"  %jb{u} = mul i64 %ja{u}, %ps", f"  %kr{u} = add i64 %jb{u}, %koff"]
     # the keys PREFETCH_KEYS ahead, and their values for the pass after, a cache line at a
     # time (the module docstring: the rows come from memory)
-    line = 64 // (4 if kind == 0 else 2)
     L += [f"  %pfa = add i64 %kr0, %pfd", f"  %pfz = add i64 %kr1, %pfd", "  %pfe = add i64 %pfz, %D",
           "  br label %pf2", "pf2:", "  %pfi = phi i64 [%pfa, %s2], [%pfn, %pf2]"]
     L += _prefetch(kind, "%base", "%pfi", "pfk")
@@ -436,7 +457,10 @@ def _part_ir(kind: int, G: int) -> str:
         prev = f"soft{g}_done"
     # the values' weighted sums: W vectors of each head a pass over the keys, W by D
     L += ["  %nvec = lshr i64 %D, 3"]
-    choices = sorted({w for w in (4, 2, 1) if G * w <= 12} or {1}, reverse=True)
+    # (the G * W accumulators, the W value vectors and a weight's broadcast within AVX2's 16
+    # registers: SmolLM2's G 3 at W 4 had spilled an accumulator, and LLVM then rotated the
+    # other eleven through registers at every key, ~40% of the attention's samples)
+    choices = sorted({w for w in (4, 2, 1) if G * w + w + 1 <= 16} or {1}, reverse=True)
     # pick at run time the widest W that divides D / 8
     conds = []
     for w in choices:
@@ -485,7 +509,9 @@ def _part_ir(kind: int, G: int) -> str:
               f"  %vkmore{w} = icmp ult i64 %vkm{w}, %nvec",
               f"  br i1 %vkmore{w}, label %vb{w}, label %fin"]
     L += ["fin:", "  ret void", "}"]
-    return "\n".join(L)
+    body = "\n".join(L)
+    head, rest = body.split("pf0_done:\n", 1)  # (after it, entry's successors are pf0_done's)
+    return head + "pf0_done:\n" + rest.replace(", %entry]", ", %pf0_done]")
 
 
 # The parallel part's arguments.

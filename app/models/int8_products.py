@@ -650,11 +650,12 @@ def kernel_ir(threaded: bool, vnni: bool = False) -> str:
 
 
 class _Kernel:
-    def __init__(self, fn, attend, rescore, block, engine, threaded: bool, isa: str):
+    def __init__(self, fn, attend, rescore, block, select, engine, threaded: bool, isa: str):
         self.fn = fn
         self.attend = attend  # app.models.decode_attention's entry
         self.rescore = rescore  # app.models.head_rescoring's
         self.block = block  # app.models.decode_block's
+        self.select = select  # app.models.head_rescoring's candidates
         self.engine = engine  # keeps the machine code alive
         self.threaded = threaded
         self.isa = isa
@@ -742,7 +743,10 @@ def _compile() -> _Kernel:
     rescore = ctypes.CFUNCTYPE(None, ptr, ptr, i64, ptr, ptr, i64, i64, ptr, ctypes.c_int32)(
         engine.get_function_address("rescore"))
     block = ctypes.CFUNCTYPE(None, ptr, ptr)(engine.get_function_address("block"))
-    return _Kernel(fn, attend, rescore, block, engine, threaded, isa + ("-VNNI" if vnni else ""))
+    select = ctypes.CFUNCTYPE(None, ptr, ptr, i64, i64, i64, ptr, ptr, ctypes.c_int32)(
+        engine.get_function_address("select_at_least"))
+    return _Kernel(fn, attend, rescore, block, select, engine, threaded,
+                   isa + ("-VNNI" if vnni else ""))
 
 
 # Compiled kernels are kept in the data folder, named by everything that shapes their code

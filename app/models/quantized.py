@@ -580,25 +580,35 @@ def screen_raw(raw: RawTensor, act_dtype: torch.dtype, int8: bool = False) -> Co
 def _screened_top(out: torch.Tensor, k: int) -> list[torch.Tensor]:
     """Ids of about k of each row's largest values in out [n, V], one tensor a row, ids
     ascending: every id at or above its row's threshold, read off a strided sample of the
-    row, so each row's set always holds its best. In numpy, a row at a time: its
-    `partition` finds the sample's threshold and `flatnonzero` the ids in one vectorised
-    pass, ~27 us a row of 49,152 and ~87 of 262,144 on a 2-core CPU, where torch's
-    `topk`, comparison, `nonzero` and split took ~100 / ~265 us for one row and ~250 /
-    ~650 for four (torch's exact top-k over 262,144 logits takes ~1 ms)."""
+    row, so each row's set always holds its best. numpy's `partition` finds each sample's
+    threshold; the ids are one compiled pass over every row (`head_rescoring.select_at_least`,
+    the rows on torch's threads: four rows of 262,144 ~91 us against numpy's comparison and
+    `flatnonzero`, ~307 us, on a 2-core AMD EPYC), or numpy's where the kernel does not run.
+    (torch's `topk`, comparison, `nonzero` and split had taken ~100 / ~265 us for one row
+    and ~250 / ~650 for four; its exact top-k over 262,144 logits takes ~1 ms.)"""
     n, vocab = out.shape
     stride = vocab // (4 * k)  # a sample of ~4k values a row, ~k // stride of them above
     if stride < 2:
         return list(out.topk(min(k, vocab), dim=-1, sorted=False).indices.sort(-1).values)
-    values = out.detach().cpu().numpy()
+    values = out.detach().cpu()
+    rows = values.numpy()
     above = max(1, k // stride)
-    per_row = []
-    for row in values:
+    leasts = []
+    for row in rows:
         sample = row[::stride]
-        least = np.partition(sample, sample.size - above)[sample.size - above]
-        ids = np.flatnonzero(row >= least)
-        if ids.size > 2 * k:  # a row unlike its sample (many equal values): bound the work
-            ids = np.sort(np.argpartition(row, vocab - k)[vocab - k:])
-        per_row.append(torch.from_numpy(ids).to(out.device))
+        leasts.append(np.partition(sample, sample.size - above)[sample.size - above])
+    bound = 2 * k  # more ids than this: a row unlike its sample (many equal values)
+    if head_rescoring.selects(values):  # one compiled pass for every row, the same ids
+        ids, counts = head_rescoring.select_at_least(values, torch.tensor(leasts), bound)
+        found = [ids[r, :c] if c <= bound else None for r, c in enumerate(counts.tolist())]
+    else:
+        found = [torch.from_numpy(np.flatnonzero(row >= least)) for row, least in zip(rows, leasts)]
+        found = [f if f.numel() <= bound else None for f in found]
+    per_row = []
+    for row, ids in zip(rows, found):
+        if ids is None:  # bound the work: the row's k best
+            ids = torch.from_numpy(np.sort(np.argpartition(row, vocab - k)[vocab - k:]))
+        per_row.append(ids.to(out.device))
     return per_row
 
 

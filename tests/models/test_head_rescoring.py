@@ -1,9 +1,12 @@
 """A screened head's exact logits, compiled (app/models/head_rescoring.py): each candidate's
 dot product with x read from its raw Q8_0 blocks, against a float64 reference; which other
 candidates or threads share the call changes no bit; bad ids and rows are refused before the
-kernel runs; the screened head uses it for Q8_0 rows."""
+kernel runs; the screened head uses it for Q8_0 rows; the candidates' compiled selection is
+numpy's comparison."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -86,6 +89,41 @@ def test_bad_ids_and_rows_are_refused():
         R.rescore(torch.randn(2, 64), rows, torch.tensor([0, 1]), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="one row of x a candidate"):
         R.rescore(torch.randn(2, 64), rows, torch.tensor([0, 1]), torch.tensor([0]))
+
+
+def test_the_ids_at_least_a_rows_threshold_are_numpys():
+    gen = torch.Generator().manual_seed(12)
+    values = torch.randn(5, 4096, generator=gen)
+    values[1, ::5] = float("nan")
+    values[2, ::3] = -math.inf
+    values[3] = 0.25  # every value equal to the threshold: all of them, `cap` stored
+    least = torch.tensor([1.5, 1.0, -math.inf, 0.25, math.nan])
+    ids, counts = R.select_at_least(values, least, 300)
+    for r in range(5):
+        want = np.flatnonzero(values[r].numpy() >= least[r].item())
+        assert int(counts[r]) == want.size, r
+        stored = min(want.size, 300)
+        assert np.array_equal(ids[r, :stored].numpy(), want[:stored]), r
+    assert int(counts[3]) == 4096 and int(counts[4]) == 0  # NaN: never at least
+    one_thread = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        again = R.select_at_least(values, least, 300)
+    finally:
+        torch.set_num_threads(one_thread)
+    assert torch.equal(again[1], counts) and all(
+        torch.equal(again[0][r, :min(int(c), 300)], ids[r, :min(int(c), 300)]) for r, c in enumerate(counts))
+
+
+def test_bad_selections_are_refused():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        R.select_at_least(torch.zeros(2, 12), torch.zeros(2), 4)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        R.select_at_least(torch.zeros(2, 16, dtype=torch.float64), torch.zeros(2), 4)
+    with pytest.raises(ValueError, match="one threshold a row"):
+        R.select_at_least(torch.zeros(2, 16), torch.zeros(3), 4)
+    with pytest.raises(ValueError, match="room for an id"):
+        R.select_at_least(torch.zeros(2, 16), torch.zeros(2), 0)
 
 
 def test_a_screened_q8_0_head_rescores_here(monkeypatch):

@@ -536,11 +536,19 @@ def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
         assert torch.equal(a.scale_zeros, b.scale_zeros)
 
 
-def test_the_screens_candidates_are_the_plain_comparisons_with_the_samples_threshold():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_screens_candidates_are_the_plain_comparisons_with_the_samples_threshold(compiled, monkeypatch):
     """Each row's candidates are exactly the ids at or above the threshold its strided
     sample gives (the sample's k // stride-th largest), as torch's topk and comparison
-    would pick them, -inf and repeated values included."""
+    would pick them, -inf and repeated values included: from the compiled pass
+    (`head_rescoring.select_at_least`) and from numpy's, where the kernel does not run."""
+    from app.models import head_rescoring
     from app.models.quantized import _screened_top
+
+    if not compiled:
+        monkeypatch.setattr(head_rescoring, "selects", lambda values: False)
+    elif not head_rescoring.selects(torch.zeros(1, 8)):
+        pytest.skip("the compiled kernels cannot run here")
 
     gen = torch.Generator().manual_seed(6)
     k = 256

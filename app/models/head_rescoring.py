@@ -135,17 +135,22 @@ def _work_ir() -> str:
     return "\n".join(L)
 
 
-def _driver_ir(threaded: bool) -> str:
-    """rescore(x, rows, row_bytes, ids, which, count, nb, out, threads)."""
-    extra, run = int8_products.parallel_ir(threaded, "rescore_work", "rescore_omp_body")
-    L = ["define void @rescore(ptr %x, ptr %rows, i64 %row_bytes, ptr %ids, ptr %which, "
-         "i64 %count, i64 %nb, ptr %out, i32 %threads) {",
-         "entry:", "  %a = alloca %rescore_args"]
-    for i, (ty, name) in enumerate(_FIELDS):
-        L += [f"  %f{i} = getelementptr %rescore_args, ptr %a, i32 0, i32 {i}",
-              f"  store {ty} %{name}, ptr %f{i}"]
+def _entry_ir(name: str, struct: str, fields: tuple, work: str, threaded: bool) -> str:
+    """define void @`name`(the fields in order, i32 threads): its arguments into a
+    %`struct`, then @`work` on torch's OpenMP pool (`int8_products.parallel_ir`)."""
+    extra, run = int8_products.parallel_ir(threaded, work, f"{name}_omp_body")
+    params = ", ".join(f"{ty} %{field}" for ty, field in fields)
+    L = [f"define void @{name}({params}, i32 %threads) {{", "entry:", f"  %a = alloca %{struct}"]
+    for i, (ty, field) in enumerate(fields):
+        L += [f"  %f{i} = getelementptr %{struct}, ptr %a, i32 0, i32 {i}",
+              f"  store {ty} %{field}, ptr %f{i}"]
     L += [*run, "  ret void", "}"]
     return extra + "\n".join(L)
+
+
+def _driver_ir(threaded: bool) -> str:
+    """rescore(x, rows, row_bytes, ids, which, count, nb, out, threads)."""
+    return _entry_ir("rescore", "rescore_args", _FIELDS, "rescore_work", threaded)
 
 
 # select_work's arguments: values, least, n, V, cap, ids, counts
@@ -215,16 +220,8 @@ def _select_ir(threaded: bool) -> str:
           "  %rmore = icmp ult i64 %rn, %n",
           "  br i1 %rmore, label %row, label %fin",
           "fin:", "  ret void", "}"]
-    extra, run = int8_products.parallel_ir(threaded, "select_work", "select_omp_body")
-    L += [extra,
-          "define void @select_at_least(ptr %values, ptr %least, i64 %n, i64 %V, i64 %cap, "
-          "ptr %ids, ptr %counts, i32 %threads) {",
-          "entry:", "  %a = alloca %select_args"]
-    for i, (ty, name) in enumerate(_SELECT_FIELDS):
-        L += [f"  %f{i} = getelementptr %select_args, ptr %a, i32 0, i32 {i}",
-              f"  store {ty} %{name}, ptr %f{i}"]
-    L += [*run, "  ret void", "}"]
-    return "\n".join(L)
+    return "\n".join(L) + "\n" + _entry_ir("select_at_least", "select_args", _SELECT_FIELDS,
+                                           "select_work", threaded)
 
 
 def rescoring_ir(threaded: bool, declared: str) -> str:

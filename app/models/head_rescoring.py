@@ -17,10 +17,10 @@ bytes q):
 Every candidate's value is computed alone in one fixed order, so it depends neither on which
 other candidates or rows share the call nor on the threads: batching changes no bit (as the
 torch path: `_rescored`'s docstring). A call takes every row of a batch's logits, each
-candidate with its row of x (`which`). The candidates themselves, every logit at or above
-its row's threshold, are one compiled pass over the rows too (`select_at_least`). The candidates are split among torch's OpenMP threads
-in runs; each asks for the rows a few candidates ahead (their addresses are random to the
-hardware's prefetchers).
+candidate with its row of x (`which`). The candidates are split among torch's OpenMP
+threads in runs; each asks for the rows a few candidates ahead (their addresses are random
+to the hardware's prefetchers). The candidates themselves, every logit at or above its
+row's threshold, are one compiled pass over the rows too (`select_at_least`).
 """
 
 from __future__ import annotations

@@ -371,8 +371,8 @@ def _part_ir(kind: int, G: int) -> str:
           "pf0_done:"]
     L += ["  br i1 %any2, label %s2, label %s1_pre",
           "s2:",
-          "  %j = phi i64 [0, %entry], [%jn, %s2_end]"]
-    L += [f"  %m_{g} = phi float [0xFFF0000000000000, %entry], [%m2n_{g}, %s2_end]" for g in gs]
+          "  %j = phi i64 [0, %pf0_done], [%jn, %s2_end]"]
+    L += [f"  %m_{g} = phi float [0xFFF0000000000000, %pf0_done], [%m2n_{g}, %s2_end]" for g in gs]
     for u in range(2):
         L += [f"  %ja{u} = add i64 %j, {u}", f"  %jb{u} = mul i64 %ja{u}, %ps", f"  %kr{u} = add i64 %jb{u}, %koff"]
     # the keys PREFETCH_KEYS ahead, and their values for the pass after, a cache line at a
@@ -405,7 +405,7 @@ def _part_ir(kind: int, G: int) -> str:
     L += ["  %jn = add i64 %j, 2", "  %jmore = icmp ult i64 %jn, %n2",
           "  br i1 %jmore, label %s2, label %s1_pre",
           "s1_pre:"]
-    L += [f"  %m1_{g} = phi float [0xFFF0000000000000, %entry], [%m2n_{g}, %s2_end]" for g in gs]
+    L += [f"  %m1_{g} = phi float [0xFFF0000000000000, %pf0_done], [%m2n_{g}, %s2_end]" for g in gs]
     L += ["  %rest = icmp ult i64 %n2, %n", "  br i1 %rest, label %s1, label %soft_pre",
           "s1:", "  %k1a = mul i64 %n2, %ps", "  %k1 = add i64 %k1a, %koff", "  br label %c1",
           "c1:", "  %d = phi i64 [0, %s1], [%dn, %c1]"]
@@ -509,9 +509,7 @@ def _part_ir(kind: int, G: int) -> str:
               f"  %vkmore{w} = icmp ult i64 %vkm{w}, %nvec",
               f"  br i1 %vkmore{w}, label %vb{w}, label %fin"]
     L += ["fin:", "  ret void", "}"]
-    body = "\n".join(L)
-    head, rest = body.split("pf0_done:\n", 1)  # (after it, entry's successors are pf0_done's)
-    return head + "pf0_done:\n" + rest.replace(", %entry]", ", %pf0_done]")
+    return "\n".join(L)
 
 
 # The parallel part's arguments.

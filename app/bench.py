@@ -304,13 +304,15 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
     import tempfile
     from pathlib import Path
 
-    from app.engine.device import load_on, load_planned, plan_from_policy
+    from app.engine.device import WEIGHT_CACHE_ENV, load_on, load_planned, plan_from_policy
     from app.engine.kernel_policy import measure_and_choose
 
     results: dict = {}
-    saved = os.environ.get("FERROX_DATA_DIR")
+    saved = {name: os.environ.get(name) for name in ("FERROX_DATA_DIR", WEIGHT_CACHE_ENV)}
     with tempfile.TemporaryDirectory(prefix="ferrox-bench-") as scratch:
-        os.environ["FERROX_DATA_DIR"] = scratch
+        # The scratch folder's own weight cache, whatever the environment says: the first
+        # load prepares and saves, the warm one maps what it saved.
+        os.environ.update({"FERROX_DATA_DIR": scratch, WEIGHT_CACHE_ENV: "1"})
         try:
             results["load_first_cold_file"] = (evict_from_page_cache(path)
                                                if Path(path).is_file() else False)
@@ -339,10 +341,11 @@ def measure_load_times(path, device: str = "auto", dtype: str = "auto") -> dict:
             results["weights"] = loaded.policy_label or loaded.weights_label
             loaded.unload()
         finally:
-            if saved is None:
-                os.environ.pop("FERROX_DATA_DIR", None)
-            else:
-                os.environ["FERROX_DATA_DIR"] = saved
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     return results
 
 

@@ -12,7 +12,8 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Each test has its own data folder: saving prepared weights there (hundreds of MB per load)
-# would only cost time; tests/models/test_weight_cache.py tests the cache itself.
+# would only cost time; tests that load one model in one format again and again share a
+# folder (`shared_weight_cache`); tests/models/test_weight_cache.py tests the cache itself.
 os.environ.setdefault("FERROX_WEIGHT_CACHE", "0")
 # A loaded session measures the CPU weight policy in a background thread and may swap in
 # weights in another format; tests/engine/test_session_policy.py turns it on where tested.
@@ -43,6 +44,23 @@ def _own_data_dir(tmp_path, monkeypatch):
     data = tmp_path / "data"
     monkeypatch.setenv("FERROX_DATA_DIR", str(data))
     return data
+
+
+@pytest.fixture(scope="session")
+def _weight_cache_folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("weight-cache")
+
+
+@pytest.fixture
+def shared_weight_cache(_weight_cache_folder, monkeypatch) -> Path:
+    """Loads in this test, and in the processes it starts, save and map prepared weights in
+    one folder for the whole run, as a person's windows share the data folder's: for tests
+    that load the built-in model in its usual format again and again (the windows), which
+    otherwise prepare its weights again each time (~4 s a window on a 2-core EPYC). Not for
+    tests that load other formats: the cache keeps one format a model file, so they would
+    rewrite its entry (slower than preparing alone)."""
+    monkeypatch.setenv("FERROX_WEIGHT_CACHE", str(_weight_cache_folder))
+    return _weight_cache_folder
 
 
 @pytest.fixture(scope="session")

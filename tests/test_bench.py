@@ -3,6 +3,8 @@ are not speed claims; `python -m app bench` on the real model makes those)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -37,11 +39,12 @@ def test_load_times_first_and_warm(embedded_model_path, monkeypatch, _own_data_d
     untouched), and the policy's background measurement is timed."""
     from app.bench import measure_load_times
 
-    monkeypatch.setenv("FERROX_WEIGHT_CACHE", "1")  # the warm load maps the saved weights
+    monkeypatch.setenv("FERROX_WEIGHT_CACHE", "0")  # the bench saves in its scratch folder anyway
     results = measure_load_times(embedded_model_path, "cpu", "auto")
     assert results["load_first_s"] > 0 and results["load_warm_s"] > 0
     assert results["policy_measurement_s"] > 0 and results["weights"] == results["policy_measured"]
     assert not (_own_data_dir / "weight-cache").exists()
+    assert os.environ["FERROX_WEIGHT_CACHE"] == "0"  # restored
 
 
 def _record_drives(monkeypatch) -> list[tuple[int, int]]:

@@ -42,9 +42,10 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int4", "int4_i8")
 _INT4_CHOICES = ("int4", "int4_i8")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Prepared weights, saved once per model file and format (app.models.weight_cache), unless
-# the environment sets FERROX_WEIGHT_CACHE=0.
+# Prepared weights, saved once per model file and format (app.models.weight_cache), in
+# this folder of the data folder unless the environment says otherwise (`weight_cache_folder`).
 WEIGHT_CACHE_DIR = "weight-cache"
+WEIGHT_CACHE_ENV = "FERROX_WEIGHT_CACHE"
 
 
 class DeviceError(ValueError):
@@ -206,17 +207,27 @@ def load_on(path, device: str = "auto", dtype: str = "auto", progress=None, meas
     return load_planned(path, torch_device, plan_load(path, torch_device, dtype, measure), progress)
 
 
+def weight_cache_folder() -> Path | None:
+    """Where loads save and map prepared weights: the data folder's `weight-cache`, unless
+    FERROX_WEIGHT_CACHE says otherwise: "0" saves none (every load prepares its weights
+    again), a path other than "1" names the folder (the tests' windows share one across their
+    data folders, as a person's windows share the data folder's)."""
+    setting = os.environ.get(WEIGHT_CACHE_ENV, "1")
+    if setting == "0":
+        return None
+    if setting != "1":
+        return Path(setting)
+    from app.paths import data_dir
+
+    return data_dir() / WEIGHT_CACHE_DIR
+
+
 def load_planned(path, torch_device: torch.device, plan: LoadPlan, progress=None):
     """Load a model file in the format `plan` says (through the weight cache on the CPU)."""
     from app.models.loader import load_model
 
-    cache = None
     plain_reference = plan.dtype == torch.float32 and plan.wide_dtype is None and plan.int4 is None
-    if (torch_device.type == "cpu" and not plain_reference
-            and os.environ.get("FERROX_WEIGHT_CACHE", "1") != "0"):
-        from app.paths import data_dir
-
-        cache = data_dir() / WEIGHT_CACHE_DIR
+    cache = weight_cache_folder() if torch_device.type == "cpu" and not plain_reference else None
     loaded = load_model(path, torch_device, plan.dtype,
                         compute_dtype_for(plan.dtype, torch_device), plan.wide_dtype,
                         progress=progress, int4=plan.int4, weight_cache_dir=cache)

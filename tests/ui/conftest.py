@@ -66,7 +66,7 @@ def kernel_policy_cache(tmp_path_factory):
 
 
 @pytest.fixture
-def open_window(qtbot, embedded_model_path, tmp_path, kernel_policy_cache):
+def open_window(qtbot, embedded_model_path, tmp_path, kernel_policy_cache, shared_weight_cache):
     import shutil
 
     windows = []

@@ -1,7 +1,9 @@
 """Run by test_kv_restore.py in a fresh process: one conversation on the tiny model with the
-prefix cache on disk in DIR, printing what the engine reported as JSON.
+prefix cache on disk in DIR, printing what the engine reported as JSON and saving the rows
+of logits it sampled from in LOGITS_NPY (float32 [tokens, vocabulary]: 262,144 columns with
+the built-in Gemma's tokenizer, which as JSON took seconds to write and read).
 
-    python -m tests.engine.kv_restore_child MODEL_GGUF DIR PROMPT_IDS_JSON [--no-store]
+    python -m tests.engine.kv_restore_child MODEL_GGUF DIR PROMPT_IDS_JSON LOGITS_NPY [--no-store]
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from app.engine.engine import Engine, EngineConfig
@@ -23,6 +26,7 @@ from tests.engine.conftest import make_tiny_model
 
 def main() -> None:
     model_path, store_dir, prompt = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+    logits_out = sys.argv[4]
     with GGUFFile(model_path) as gguf:
         tokenizer = tokenizer_from_gguf(gguf)
     loaded = make_tiny_model(tokenizer)
@@ -37,7 +41,7 @@ def main() -> None:
     original = engine._sample
 
     def keep_logits(request, row, events):
-        logits.append(row.tolist())
+        logits.append(row.float().numpy().copy())
         original(request, row, events)
 
     engine._sample = keep_logits
@@ -50,9 +54,9 @@ def main() -> None:
             elif isinstance(event, PrefillProgress):
                 restored_progress = max(restored_progress, event.restored)
     engine.close()
+    np.save(logits_out, np.stack(logits))
     print(json.dumps({"ids": list(finished.completion_ids), "cached": finished.usage.cached_tokens,
-                      "restored": finished.usage.restored_tokens, "progress_restored": restored_progress,
-                      "logits": logits}))
+                      "restored": finished.usage.restored_tokens, "progress_restored": restored_progress}))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ import threading
 import pytest
 
 from app.backends.remote import RemoteBackend, RemoteSettings
-from app.engine.device import load_on
 from app.engine.events import Finished, Token
 from app.engine.sampling import SamplingParams
 from app.models.chat_template import Message
+from app.models.model_facts import read_model_facts
 from tests.backends.helpers import Collector
 
 SAFETY_TIMEOUT_S = 900  # only ends a hang; loading takes what it takes
@@ -47,7 +47,7 @@ def test_remote_backend_on_our_own_server(embedded_model_path, tmp_path):
         backend = RemoteBackend(RemoteSettings(url))
         model = backend.load(embedded_model_path.stem)
         assert model.location.startswith("127.0.0.1:")
-        assert model.context_length == load_on(embedded_model_path, "cpu", "auto").context_length
+        assert model.context_length == read_model_facts(embedded_model_path).context_length
 
         greedy = SamplingParams(max_tokens=12, temperature=0)
         history = [Message("user", "Name three colours.")]

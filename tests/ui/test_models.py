@@ -78,9 +78,9 @@ def test_folders_dropped_are_models_only_with_a_config(driver, tmp_path):
     assert driver.controller.pending.get(driver.controller.current_chat_id, []) == []
 
 
-def test_removing_a_model_keeps_its_file(driver, embedded_model_path, tmp_path):
+def test_removing_a_model_keeps_its_file(driver, smollm2_model_path, tmp_path):
     copy = tmp_path / "other.gguf"
-    shutil.copy(embedded_model_path, copy)
+    shutil.copy(smollm2_model_path, copy)  # the smaller built-in: a copy prepares its weights
     driver.controller.add_files([str(copy)])
     driver.qtbot.waitUntil(lambda: bool(driver.store.list_models()), timeout=30_000)
     driver.qtbot.waitUntil(lambda: driver.controller.model_info is not None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 _FLOAT_MAX = torch.finfo(torch.float32).max
@@ -129,11 +130,45 @@ def _best(logits: torch.Tensor, greedy: bool) -> tuple[float, int | None]:
     return best, index
 
 
+# Exact top-k through a candidate set (`_top`) from this many logits on; below, torch's topk.
+_CANDIDATES_FROM = 8_192
+_SAMPLE = 1_024  # about this many logits sampled to set the candidates' threshold
+
+
+def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of finite (or -inf) float32 `logits` [V], descending, and their ids:
+    torch's `topk(logits, k)` (which of equal values at the cut is kept may differ).
+
+    On the CPU, torch's topk over 49,152 logits takes ~100 us (~0.3 ms over 262,144), a
+    sampled token's largest cost. So: a threshold read off a strided sample of ~1,024
+    logits, set so ~2k logits reach it; every id at or above it (numpy's comparison, one
+    pass); their top k. When fewer than k reach it (a row unlike its sample), the sample's
+    threshold is lowered, and in the end the whole row is taken."""
+    vocab = logits.numel()
+    k = min(k, vocab)
+    if vocab < _CANDIDATES_FROM or logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return torch.topk(logits, k)
+    row = logits.detach().numpy()
+    stride = vocab // _SAMPLE
+    sample = row[::stride]
+    above = min(sample.size, 2 * k // stride + 2)  # sample values at or above the threshold
+    while True:
+        least = np.partition(sample, sample.size - above)[sample.size - above]
+        ids = np.flatnonzero(row >= least)
+        if ids.size >= k:
+            break
+        if above == sample.size:
+            return torch.topk(logits, k)
+        above = min(sample.size, above * 4)
+    ids = torch.from_numpy(ids)
+    values, chosen = torch.topk(logits.index_select(0, ids), k)
+    return values, ids.index_select(0, chosen)
+
+
 @dataclass
 class RequestSampler:
     params: SamplingParams
     seed: int = field(init=False)
-    _counts: dict[int, int] = field(default_factory=dict, init=False)
     _generated: list[int] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -141,11 +176,25 @@ class RequestSampler:
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(self.seed)
         self._processors = [make() for make in self.params.logits_processors]
+        # Every token seen (prompt and generated) once each, and how often, for the
+        # penalties: numpy buffers grown by doubling, so a token's tensors are views (a
+        # tensor built from a dict of a few hundred ids took ~80 us a token).
+        self._positions: dict[int, int] = {}
+        self._seen_ids = np.zeros(64, np.int64)
+        self._seen_counts = np.zeros(64, np.float32)
 
     def observe(self, token_ids) -> None:
         """Count tokens for the penalties (the prompt's and every generated one)."""
         for t in token_ids:
-            self._counts[t] = self._counts.get(t, 0) + 1
+            at = self._positions.get(t)
+            if at is None:
+                at = self._positions[t] = len(self._positions)
+                if at == self._seen_ids.size:
+                    self._seen_ids = np.concatenate([self._seen_ids, np.zeros_like(self._seen_ids)])
+                    self._seen_counts = np.concatenate([self._seen_counts,
+                                                        np.zeros_like(self._seen_counts)])
+                self._seen_ids[at] = t
+            self._seen_counts[at] += 1
 
     def next_token(self, logits: torch.Tensor) -> TokenChoice:
         """logits: [V] float32 for one request -> the chosen token (also counted).
@@ -174,7 +223,7 @@ class RequestSampler:
             # Shifted so the best score is 0 before dividing: a tiny temperature sends the
             # others to -inf (greedy in effect), never the best one to inf. The divisor stays
             # a normal float32 (1e-300 would round to 0, and 0 / 0 is NaN).
-            token = self._race((shaped - best) / max(p.temperature, _TINY_TEMPERATURE))
+            token = self._race(shaped, best, max(p.temperature, _TINY_TEMPERATURE))
         self.observe((token,))
         self._generated.append(token)
         if logprobs is None:
@@ -185,41 +234,49 @@ class RequestSampler:
 
     def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
-        if not self._counts or (p.repetition_penalty == 1 and not p.presence_penalty
-                                and not p.frequency_penalty):
+        seen = len(self._positions)
+        if not seen or (p.repetition_penalty == 1 and not p.presence_penalty
+                        and not p.frequency_penalty):
             return logits
-        ids = torch.tensor(list(self._counts), device=logits.device)
-        counts = torch.tensor(list(self._counts.values()), device=logits.device,
-                              dtype=logits.dtype)
+        ids = torch.from_numpy(self._seen_ids[:seen]).to(logits.device)
+        counts = torch.from_numpy(self._seen_counts[:seen]).to(logits.device, logits.dtype)
         seen = logits.index_select(0, ids)
         if p.repetition_penalty != 1:
             seen = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
         seen = seen - p.presence_penalty - p.frequency_penalty * counts
         return logits.index_copy(0, ids, seen)
 
-    def _race(self, logits: torch.Tensor) -> int:
-        """Top-k, softmax, top-p, min-p, then the exponential race over what is left."""
+    def _race(self, shaped: torch.Tensor, best: float, temperature: float) -> int:
+        """Top-k, softmax, top-p, min-p, then the exponential race over what is left, of
+        (shaped - best) / temperature: top-k is taken on `shaped` (the same order) and only
+        the chosen are scaled."""
         p = self.params
-        vocab = logits.numel()
+        vocab = shaped.numel()
         k = min(p.top_k, vocab) if p.top_k else vocab
         if k == vocab and (p.top_p < 1 or p.min_p > 0):
-            values, ids, probs = self._probe(logits)
+            values, ids, probs = self._probe((shaped - best) / temperature)
         else:
-            values, ids = torch.topk(logits, k)  # sorted, descending
+            if k == vocab:
+                values, ids = torch.topk((shaped - best) / temperature, k)  # sorted, descending
+            else:
+                values, ids = _top(shaped, k)
+                values = (values - best) / temperature
             # softmax as `_probe` computes it (torch.softmax's vectorised exp differs from
             # torch.exp by ~1e-5 on some CPUs, enough to flip a race between near-equals)
             probs = torch.exp(values - values[0])
             probs = probs / probs.sum()
-        keep = torch.ones_like(probs, dtype=torch.bool)
+        # The rest on the CPU in numpy: a few dozen values, where each torch operation's own
+        # cost (~4 us) had made this tail ~70 us a token.
+        probs = probs.cpu().numpy()
+        keep = np.ones(probs.size, bool)
         if p.top_p < 1:
-            before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
+            before = np.cumsum(probs, dtype=np.float32) - probs  # mass strictly above each token
             keep &= before < p.top_p
         if p.min_p > 0:
-            keep &= probs >= p.min_p * probs[0]
+            keep &= probs >= np.float32(p.min_p) * probs[0]
         n = int(keep.sum())  # kept tokens are a prefix of the sorted list
-        probs = probs[:n].cpu()
         noise = torch.empty(n).exponential_(generator=self._generator).clamp_min_(1e-30)
-        return int(ids[int(torch.argmax(probs / noise))])
+        return int(ids[int(np.argmax(probs[:n] / noise.numpy()))])
 
     _PROBE = 256
 
@@ -235,7 +292,7 @@ class RequestSampler:
         total = torch.exp(logits - best).sum()  # softmax's own normaliser
         m = self._PROBE
         while True:
-            values, ids = torch.topk(logits, min(m, vocab))
+            values, ids = _top(logits, m)
             probs = torch.exp(values - best) / total
             if m >= vocab:
                 return values, ids, probs

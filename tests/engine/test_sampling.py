@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -131,3 +133,42 @@ def test_nan_anywhere_in_a_large_vocabulary_is_a_banned_token(vocab, temperature
         values[nan_at] = float("nan")
         choice = RequestSampler(SamplingParams(temperature=temperature, seed=1)).next_token(values)
         assert choice.id == 100
+
+
+@pytest.mark.parametrize("vocab", [1_000, 49_152, 262_144])
+@pytest.mark.parametrize("k", [1, 64, 256, 2_048])
+def test_the_top_k_through_candidates_is_torchs_top_k(vocab, k):
+    """`_top` (a sampled threshold, then the candidates' top k) against torch's topk over
+    the whole row: the same values in the same order, and each id holds its value; on rows
+    like a model's, with ties, with -inf (banned tokens), and on rows unlike their sample."""
+    from app.engine.sampling import _top
+
+    g = torch.Generator().manual_seed(vocab + k)
+    rows = [torch.randn(vocab, generator=g) * 3,
+            torch.randint(0, 7, (vocab,), generator=g).float(),  # many equal values
+            torch.full((vocab,), -math.inf)]
+    rows[2][torch.randperm(vocab, generator=g)[:k // 2 + 1]] = 1.0  # mostly banned
+    spiky = torch.zeros(vocab)
+    spiky[1::997] = torch.arange(1, len(range(1, vocab, 997)) + 1).float()  # off the sample's stride
+    rows.append(spiky)
+    sampled_high = torch.zeros(vocab)
+    sampled_high[::max(1, vocab // 1024)] = 5.0  # the sample is all the row's best: the whole row
+    rows.append(sampled_high)
+    for row in rows:
+        values, ids = _top(row, k)
+        expected = torch.topk(row, min(k, vocab)).values
+        assert torch.equal(values, expected)
+        assert torch.equal(row[ids], values) and ids.unique().numel() == ids.numel()
+
+
+def test_penalties_reach_every_seen_token():
+    """Seen tokens are kept in buffers that grow: the 500th distinct token is penalised too,
+    and a token seen twice counts twice."""
+    s = RequestSampler(SamplingParams(temperature=0, frequency_penalty=1.0))
+    s.observe(range(500))
+    s.observe([499])
+    values = torch.zeros(1000)
+    values[:499] = 1.5  # seen once: 1.5 - 1.0 = 0.5
+    values[499] = 2.5  # seen twice: 2.5 - 2 * 1.0 = 0.5
+    values[500] = 0.6  # unseen: the best once every seen token is pushed down
+    assert s.next_token(values).id == 500

@@ -265,18 +265,16 @@ class RequestSampler:
             # torch.exp by ~1e-5 on some CPUs, enough to flip a race between near-equals)
             probs = torch.exp(values - values[0])
             probs = probs / probs.sum()
-        # The rest on the CPU in numpy: a few dozen values, where each torch operation's own
-        # cost (~4 us) had made this tail ~70 us a token.
-        probs = probs.cpu().numpy()
-        keep = np.ones(probs.size, bool)
+        keep = torch.ones_like(probs, dtype=torch.bool)
         if p.top_p < 1:
-            before = np.cumsum(probs, dtype=np.float32) - probs  # mass strictly above each token
+            before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
             keep &= before < p.top_p
         if p.min_p > 0:
-            keep &= probs >= np.float32(p.min_p) * probs[0]
+            keep &= probs >= p.min_p * probs[0]
         n = int(keep.sum())  # kept tokens are a prefix of the sorted list
+        probs = probs[:n].cpu()
         noise = torch.empty(n).exponential_(generator=self._generator).clamp_min_(1e-30)
-        return int(ids[int(np.argmax(probs[:n] / noise.numpy()))])
+        return int(ids[int(torch.argmax(probs / noise))])
 
     _PROBE = 256
 

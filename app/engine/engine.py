@@ -258,6 +258,15 @@ class Engine:
                 self.pages.release(self.cache.clear())
             elif kind == "replace_weights":
                 self._replacement = command[1], command[2]
+            elif kind == "forget_owner":
+                self._forget_owner(command[1])
+
+    def _forget_owner(self, owner: str) -> None:
+        self._pending_saves = [(tokens, o) for tokens, o in self._pending_saves if o != owner]
+        if self._kv_writer is not None:
+            self._kv_writer.forget(owner)
+        elif self.kv_store is not None:
+            self.kv_store.forget_owner(owner)
 
     def _swap_weights(self) -> None:
         (fresh, store), self._replacement = self._replacement, None
@@ -448,9 +457,16 @@ class Engine:
                                     kv, owner)
 
     def forget_cache_owner(self, owner: str) -> None:
-        """Delete the saved pages only `owner` used (a chat deleted for good)."""
-        if self.kv_store is not None:
+        """Delete the saved pages only `owner` used (a chat deleted for good). Safe from any
+        thread: while pages are being saved, on the engine thread at its next step (its
+        pages not yet handed to the writer are dropped, then the writer deletes after what
+        it was handed), so no page of the owner is written after its deletion."""
+        if self.kv_store is None:
+            return
+        if self._kv_writer is None:  # closed: nothing is being saved
             self.kv_store.forget_owner(owner)
+            return
+        self._commands.put(("forget_owner", owner))
 
     # ---- one forward pass --------------------------------------------------------------
 

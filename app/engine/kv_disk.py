@@ -297,7 +297,10 @@ def default_budget_bytes(folder: Path) -> int:
 
 class KVDiskWriter:
     """Writes pages on its own thread, so saving never runs on the decode path; enforces the
-    budget after each batch. `close` writes what is queued, then stops."""
+    budget after each batch. `forget` deletes an owner's pages in turn with the writes, after
+    every page queued before it (deleted at once, a page still queued for a chat deleted for
+    good was written after its deletion, and stayed). `close` writes what is queued, then
+    stops."""
 
     def __init__(self, store: KVDiskStore):
         import queue
@@ -310,7 +313,10 @@ class KVDiskWriter:
 
     def put(self, key: str, parent: str | None, tokens: Sequence[int], kv: torch.Tensor | None,
             owner: str | None = None) -> None:
-        self._queue.put((key, parent, list(tokens), kv, owner))
+        self._queue.put(("put", (key, parent, list(tokens), kv, owner)))
+
+    def forget(self, owner: str) -> None:
+        self._queue.put(("forget", owner))
 
     def close(self, timeout: float = 60.0) -> None:
         self._queue.put(None)
@@ -321,19 +327,22 @@ class KVDiskWriter:
             batch = [self._queue.get()]
             while not self._queue.empty():
                 batch.append(self._queue.get())
-            pages = [item for item in batch if item is not None]
+            jobs = [item for item in batch if item is not None]
             wrote = False
-            for item in pages:
+            for kind, arg in jobs:
                 try:
-                    wrote |= self.store.write(*item)
+                    if kind == "put":
+                        wrote |= self.store.write(*arg)
+                    else:
+                        self.store.forget_owner(arg)
                 except Exception:  # never let one page stop the writer
-                    log.exception("KV cache on disk: a page could not be written")
+                    log.exception("KV cache on disk: %s failed", kind)
             if wrote:
                 try:
                     self.store.enforce_budget()
                 except OSError as exc:
                     log.warning("KV cache on disk: budget check failed (%s)", exc)
-            if len(pages) < len(batch):  # close() was called
+            if len(jobs) < len(batch):  # close() was called
                 return
 
 

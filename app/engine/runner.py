@@ -49,6 +49,10 @@ class EngineRunner:
         self.engine.clear_cache()
         self._wake.set()
 
+    def forget_cache_owner(self, owner: str) -> None:
+        self.engine.forget_cache_owner(owner)
+        self._wake.set()
+
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams) -> Iterator[Event]:
         """Blocking iterator over one request's events, ending with Finished or Failed.
         Leaving the loop early (break, exception, close) aborts the request."""

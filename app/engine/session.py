@@ -207,7 +207,7 @@ class ModelSession:
     def forget_cache_owner(self, owner: str) -> None:
         """Delete the disk-cached pages only `owner` (a chat deleted for good) used."""
         if self._runner is not None:
-            self._runner.engine.forget_cache_owner(owner)
+            self._runner.forget_cache_owner(owner)
 
     def abort(self, request_id: str) -> None:
         if self._runner is not None:

@@ -157,3 +157,32 @@ def test_forgetting_a_chat_deletes_only_what_it_alone_used(store):
     assert all(store.contains(k) for k in b)
     assert store.forget_owner("chat-b") == 3
     assert not any(store.contains(k) for k in b)
+
+
+def test_the_writer_forgets_an_owner_after_the_pages_queued_before(store, monkeypatch):
+    """A chat deleted for good while its pages are still queued: the writer deletes them
+    in turn, after writing them, so none is written after the deletion and stays."""
+    import threading
+
+    from app.engine.kv_disk import KVDiskWriter
+
+    gate = threading.Event()
+    write = store.write
+
+    def held(*args):  # the writer is busy while the pages and the forget are queued
+        gate.wait(10)
+        return write(*args)
+
+    monkeypatch.setattr(store, "write", held)
+    writer = KVDiskWriter(store)
+    tokens = list(range(12))
+    keys = chain_keys(store.identity, tokens)
+    parent = None
+    for i, key in enumerate(keys):
+        writer.put(key, parent, tokens[4 * i: 4 * i + 4], page(i), "chat-a")
+        parent = key
+    writer.forget("chat-a")
+    gate.set()
+    writer.close()
+    assert not any(store.contains(k) for k in keys)
+    assert not list(store.folder.glob("??/*"))  # no page, no owners file

@@ -85,3 +85,28 @@ def test_pages_record_their_chat_and_forgetting_it_deletes_them(tiny, tmp_path):
     assert len(list(store.folder.glob("??/*.kv"))) == 5
     engine.forget_cache_owner("chat-b")
     assert list(store.folder.glob("??/*.kv")) == []
+
+
+def test_a_chat_forgotten_while_its_pages_wait_to_be_saved_leaves_none(tiny, tmp_path):
+    """Forgotten from another thread between its reply and the saving of its pages (the
+    engine saves them once idle): none is written afterwards; another chat's pages are."""
+    from app.engine.engine import Engine, EngineConfig
+    from app.engine.kv_disk import KVDiskStore, StoreIdentity
+    from app.engine.sampling import SamplingParams
+
+    kv = tiny.kv_facts
+    identity = StoreIdentity("tiny", tiny.weights_label, "float32", 16, kv.n_layers, kv.n_kv_heads, kv.head_dim)
+    store = KVDiskStore(tmp_path, identity, 10**9)
+    engine = Engine(tiny, EngineConfig(page_size=16, kv_tokens=2048), store)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    engine.submit([2] + [5] * 40, params, "a", cache_owner="chat-a")
+    engine.submit([2] + [6] * 40, params, "b", cache_owner="chat-b")
+    while engine._running or engine._waiting or not engine._commands.empty():
+        engine.step()
+    assert engine.has_work  # the finished conversations' pages wait to be saved
+    engine.forget_cache_owner("chat-a")
+    while engine.has_work:
+        engine.step()
+    engine.close()
+    owners = [f.read_text().split() for f in store.folder.glob("??/*.owners")]
+    assert owners and all(o == ["chat-b"] for o in owners)

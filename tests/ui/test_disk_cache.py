@@ -65,5 +65,7 @@ def test_a_follow_up_after_a_restart_restores_from_disk_and_purging_forgets_it(o
     assert owned and all(p.exists() for p in owned)
     second.controller.delete_chat(chat_id)
     second.controller.purge_chats([chat_id])
-    second.qtbot.waitUntil(lambda: not any(p.exists() for p in owned), timeout=30_000)
-    assert not _pages_of(folder, str(chat_id))
+    # Deleted in turn with the saves (pages written after `owned` was listed go too), on
+    # the writer's thread: wait for the whole deletion, not only for the pages listed.
+    second.qtbot.waitUntil(lambda: not any(p.exists() for p in owned)
+                           and not _pages_of(folder, str(chat_id)), timeout=30_000)

@@ -143,10 +143,12 @@ def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     sampled token's largest cost. So: a threshold read off a strided sample of ~1,024
     logits, set so ~2k logits reach it; every id at or above it (numpy's comparison, one
     pass); their top k. When fewer than k reach it (a row unlike its sample), the sample's
-    threshold is lowered, and in the end the whole row is taken."""
+    threshold is lowered, and in the end the whole row is taken. A k of more than an eighth
+    of the row (top-k off: the whole row) goes to torch's topk at once."""
     vocab = logits.numel()
     k = min(k, vocab)
-    if vocab < _CANDIDATES_FROM or logits.device.type != "cpu" or logits.dtype != torch.float32:
+    if (vocab < _CANDIDATES_FROM or k > vocab // 8 or logits.device.type != "cpu"
+            or logits.dtype != torch.float32):
         return torch.topk(logits, k)
     row = logits.detach().numpy()
     stride = vocab // _SAMPLE
@@ -234,12 +236,12 @@ class RequestSampler:
 
     def _penalized(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
-        seen = len(self._positions)
-        if not seen or (p.repetition_penalty == 1 and not p.presence_penalty
-                        and not p.frequency_penalty):
+        n = len(self._positions)
+        if not n or (p.repetition_penalty == 1 and not p.presence_penalty
+                     and not p.frequency_penalty):
             return logits
-        ids = torch.from_numpy(self._seen_ids[:seen]).to(logits.device)
-        counts = torch.from_numpy(self._seen_counts[:seen]).to(logits.device, logits.dtype)
+        ids = torch.from_numpy(self._seen_ids[:n]).to(logits.device)
+        counts = torch.from_numpy(self._seen_counts[:n]).to(logits.device, logits.dtype)
         seen = logits.index_select(0, ids)
         if p.repetition_penalty != 1:
             seen = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
@@ -256,11 +258,8 @@ class RequestSampler:
         if k == vocab and (p.top_p < 1 or p.min_p > 0):
             values, ids, probs = self._probe((shaped - best) / temperature)
         else:
-            if k == vocab:
-                values, ids = torch.topk((shaped - best) / temperature, k)  # sorted, descending
-            else:
-                values, ids = _top(shaped, k)
-                values = (values - best) / temperature
+            values, ids = _top(shaped, k)  # sorted, descending
+            values = (values - best) / temperature
             # softmax as `_probe` computes it (torch.softmax's vectorised exp differs from
             # torch.exp by ~1e-5 on some CPUs, enough to flip a race between near-equals)
             probs = torch.exp(values - values[0])

@@ -88,8 +88,8 @@ def test_pages_record_their_chat_and_forgetting_it_deletes_them(tiny, tmp_path):
 
 
 def test_a_chat_forgotten_while_its_pages_wait_to_be_saved_leaves_none(tiny, tmp_path):
-    """Forgotten from another thread between its reply and the saving of its pages (the
-    engine saves them once idle): none is written afterwards; another chat's pages are."""
+    """Forgotten between its reply and the saving of its pages (the engine saves them once
+    idle): none is written afterwards; another chat's pages are."""
     from app.engine.engine import Engine, EngineConfig
     from app.engine.kv_disk import KVDiskStore, StoreIdentity
     from app.engine.sampling import SamplingParams

@@ -48,8 +48,8 @@ Robust against a busy machine (another process's burst must not stick for months
 The session measures in the background once a usable model is loaded (`tune`), so loading
 never waits for it; until a model is measured it loads in the choice measured for another
 model on the same CPU, torch and threads (`borrowed_policy`), or in the default when there is
-none (`default_policy`: float16, decoding with the 4-bit kernel where the model has 4-bit
-products and the kernel runs: `PROVISIONAL_DECODE`); the command line
+none (`default_policy`: float16, decoding with a 4-bit kind where the model has 4-bit
+products and a kernel for them runs: `provisional_decode`); the command line
 (`load_on(measure=True)`, `policy_for`) measures, or checks the cached entry, before loading.
 Results are cached per measurement (`MEASURE_VERSION`, `PREFILL_ROWS`, the candidate kinds),
 CPU (model name and torch's capability), torch version, thread count and model products in
@@ -142,17 +142,21 @@ FAILS_QUALITY: frozenset[str] = frozenset()
 # (one copy; fast matrix-vector kernel on AVX2 and AVX-512 alike; many-row products upcast
 # to float32, never bfloat16's slow AVX2 path).
 DEFAULT = "float16"
-# ... except that a model with 4-bit products decodes with the 4-bit kernel until measured
-# (`default_policy`), where that kernel runs: with torch's AVX-512 and AVX2 kernels alike it
-# decoded 2.3-4.3x faster than float16. The policy's own timings, 2-core AMX Xeon, 2 threads
-# (ms a step, 4-bit / float16 / float32): SmolLM2 6.4 / 27.4 / 19.8, Gemma 3 270M 17.9 /
-# 44.7 / 35.9; on torch's AVX2 kernels 9.9 / 26.9 / 20.8 and 19.4 / 45.2 / 86.3. A first
-# start on a machine never measured had decoded SmolLM2's first reply at ~31 tok/s in
+# ... except that a model with 4-bit products decodes with a 4-bit kind until measured
+# (`provisional_decode`). torch's 4-bit kernel decoded 2.3-4.3x faster than float16 with
+# torch's AVX-512 and AVX2 kernels alike (the policy's own timings, 2-core AMX Xeon, 2
+# threads, ms a step, 4-bit / float16 / float32: SmolLM2 6.4 / 27.4 / 19.8, Gemma 3 270M
+# 17.9 / 44.7 / 35.9; on torch's AVX2 kernels 9.9 / 26.9 / 20.8 and 19.4 / 45.2 / 86.3); a
+# first start on a machine never measured had decoded SmolLM2's first reply at ~31 tok/s in
 # float16 against ~116 (the reply came before the background measurement, which waits for
-# the engine to be idle), and an unusable measurement had left Gemma at ~2.4x its decode
-# time until the next load. Prefill stays float16's (bfloat16's prefill is the slow one on
-# AVX2). The measurement decides.
-PROVISIONAL_DECODE = "int4_bf16"
+# the engine to be idle). The 8-bit activation kernel's `int4_i8` is what the measurement
+# has chosen for both built-in models on both instruction sets since (an AVX-512 Xeon, an
+# AVX2-only AMD EPYC), ~1.7x torch's 4-bit kernel in the policy's own steps on the EPYC
+# (SmolLM2 10.3 against 17.7 ms, Gemma 3 270M 18.9 against 34.5) and ~2.5x in the engine;
+# it comes first where it is ready without compiling (`int8_products.ready`: its machine
+# code saved, as the set-up leaves it), since a first compile takes ~4 s. Prefill stays
+# float16's (bfloat16's prefill is the slow one on AVX2). The measurement decides.
+PROVISIONAL_DECODES = (INT8_KIND, "int4_bf16")
 REPS = 5  # interleaved repetitions of a full measurement
 VALIDATE_REPS = 3
 MIN_GAIN = 0.05  # a non-default kind must be at least this much faster than the default
@@ -298,14 +302,21 @@ class Policy:
         return WeightFormat(narrow, weights_transposed(device, narrow), wide), wide
 
 
+def provisional_decode(shapes: ModelShapes | None, failed=()) -> str:
+    """What a model decodes with until this machine is measured: the first of
+    `PROVISIONAL_DECODES` this model and machine run without compiling anything now (torch's
+    4-bit kernel multiplying right, which `int4_i8` also takes its other products to) and no
+    measurement saw `failed`; float16 for a model without 4-bit products or where none runs."""
+    if shapes is None or not int4_kernel_runs():
+        return DEFAULT
+    allowed = _allowed(shapes, PROVISIONAL_DECODES, compile=False)
+    return next((kind for kind in allowed if kind not in failed), DEFAULT)
+
+
 def default_policy(why: str, shapes: ModelShapes | None = None, failed=()) -> Policy:
-    """The format used until this machine is measured: float16, decoding with the 4-bit
-    kernel (`PROVISIONAL_DECODE`) when `shapes` has 4-bit products and the kernel runs here
-    (not among the kinds a measurement saw `failed`)."""
-    decode = DEFAULT
-    if (shapes is not None and _allowed(shapes, (PROVISIONAL_DECODE,))
-            and PROVISIONAL_DECODE not in failed and int4_kernel_runs()):
-        decode = PROVISIONAL_DECODE
+    """The format used until this machine is measured: float16, decoding with a 4-bit kind
+    (`provisional_decode`) when `shapes` has 4-bit products and one runs here."""
+    decode = provisional_decode(shapes, failed)
     label = decode if decode == DEFAULT else f"{decode} decode, {DEFAULT} prefill"
     return Policy(decode, DEFAULT, label, f"{label} {DEFAULT_SAYS} {why}", {}, {},
                   status=NOT_MEASURED)
@@ -878,13 +889,14 @@ def _figures(shapes: ModelShapes, samples: dict[str, list[dict]], prefill: bool
 # ---- choosing ------------------------------------------------------------------------------
 
 
-def _allowed(shapes: ModelShapes, kinds=KINDS) -> list[str]:
+def _allowed(shapes: ModelShapes, kinds=KINDS, compile: bool = True) -> list[str]:
     """Of `kinds`, those this model and machine can run (the 8-bit activation kernel is
-    compiled to find out, when asked about)."""
+    compiled to find out, when asked about; without `compile`, only a kernel compiled or
+    saved already counts)."""
     allowed = [k for k in kinds if k not in FAILS_QUALITY]
     if shapes.int4_fraction == 0 or not int4_kernel_available():
         allowed = [k for k in allowed if not k.startswith("int4")]
-    if INT8_KIND in allowed and not int8_products.available():
+    if INT8_KIND in allowed and not (int8_products.available() if compile else int8_products.ready()):
         allowed = [k for k in allowed if k != INT8_KIND]
     return allowed
 
@@ -1057,7 +1069,8 @@ def borrowed_policy(shapes: ModelShapes, cache_dir: Path) -> Policy | None:
     BORROWED)."""
     prefix = cache_key(shapes).removesuffix(shapes.key())
     any_threads = _THREADS.sub(_ANY_THREADS, prefix, count=1)
-    allowed = _allowed(shapes)
+    # (nothing compiled for it: a kernel not ready now would cost a first load ~4 s)
+    allowed = _allowed(shapes, compile=False)
     best, rank, source, threads = None, None, "", ""
     for key, entry in read_cache(cache_dir / CACHE_FILE).items():
         norm = _THREADS.sub(_ANY_THREADS, key, count=1)  # the CPU's thread count made "*"

@@ -693,7 +693,25 @@ def _openmp_library() -> str | None:
     return None
 
 
-def _compile() -> _Kernel:
+@dataclass(frozen=True)
+class _Build:
+    """What the kernel is compiled from here, and where its machine code is saved."""
+
+    ir: str
+    cpu: str
+    cpu_features: str
+    threaded: bool
+    isa: str  # e.g. "AVX2", "AVX512-VNNI"
+    cache: Path | None
+
+
+_irs: dict[tuple[bool, bool], str] = {}  # kernel_ir's text by (threaded, vnni): ~0.15 s to make
+
+
+def _build_inputs() -> _Build:
+    """What the kernel is compiled from for this CPU and torch, and where its machine code
+    is saved (raises where it has no version): `_compile` compiles it, `ready` looks for
+    its saved machine code."""
     import llvmlite.binding as llvm  # optional at import time: the kernel is a candidate
 
     isa = _target_isa()
@@ -714,18 +732,28 @@ def _compile() -> _Kernel:
     # VNNI only where torch itself runs its AVX-512 kernels (so a run held to AVX2 is AVX2)
     vnni = isa == "AVX512" and (features.get("avxvnni", False) or (
         features.get("avx512vnni", False) and features.get("avx512vl", False)))
-    ir = kernel_ir(threaded, vnni)
-    module = llvm.parse_assembly(ir)
-    module.verify()
-    target = llvm.Target.from_default_triple()
+    ir = _irs.get((threaded, vnni))
+    if ir is None:
+        ir = _irs[threaded, vnni] = kernel_ir(threaded, vnni)
     if isa == "AVX2":  # an AVX2 machine's instructions, whatever this one has beyond them
         cpu, cpu_features = "haswell", ""
     else:
         cpu, cpu_features = llvm.get_host_cpu_name(), features.flatten()
-    machine = target.create_target_machine(cpu=cpu, features=cpu_features, opt=3)
     cache = _object_path(ir, cpu, cpu_features, llvm.llvm_version_info)
+    return _Build(ir, cpu, cpu_features, threaded, isa + ("-VNNI" if vnni else ""), cache)
+
+
+def _compile() -> _Kernel:
+    import llvmlite.binding as llvm
+
+    build = _build_inputs()
+    module = llvm.parse_assembly(build.ir)
+    module.verify()
+    target = llvm.Target.from_default_triple()
+    machine = target.create_target_machine(cpu=build.cpu, features=build.cpu_features, opt=3)
+    cache = build.cache
     cached = _read_object(cache)
-    if cached is None:  # optimized and compiled (~0.6 s); else the saved machine code is used
+    if cached is None:  # optimized and compiled (~4 s on a 2-core AMD EPYC); else the saved code
         passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
         passes.getModulePassManager().run(module, passes)
     engine = llvm.create_mcjit_compiler(module, machine)
@@ -745,13 +773,13 @@ def _compile() -> _Kernel:
     block = ctypes.CFUNCTYPE(None, ptr, ptr)(engine.get_function_address("block"))
     select = ctypes.CFUNCTYPE(None, ptr, ptr, i64, i64, i64, ptr, ptr, ctypes.c_int32)(
         engine.get_function_address("select_at_least"))
-    return _Kernel(fn, attend, rescore, block, select, engine, threaded,
-                   isa + ("-VNNI" if vnni else ""))
+    return _Kernel(fn, attend, rescore, block, select, engine, build.threaded, build.isa)
 
 
 # Compiled kernels are kept in the data folder, named by everything that shapes their code
 # (the IR, the CPU and its features, LLVM's version), with a checksum after the code: a later
-# process loads one in ~20 ms instead of compiling it in ~0.6 s (a window's start, a load).
+# process loads one in ~0.3 s instead of compiling it in ~4 s (2-core AMD EPYC; a window's
+# start, a load).
 OBJECT_CACHE_DIR = "kernel-cache"
 # Where to keep them instead of the data folder: the test suite shares one folder between
 # its tests' own data folders (and the processes they start), as it shares the built-in
@@ -812,7 +840,21 @@ def kernel() -> _Kernel | None:
 
 
 def available() -> bool:
+    """Whether the kernel runs here (compiled now if no earlier process saved it)."""
     return kernel() is not None
+
+
+def ready() -> bool:
+    """Whether the kernel runs here without compiling it now: compiled in this process, or
+    its machine code saved by an earlier one (loaded in ~0.3 s where compiling takes ~4 s).
+    Never compiles."""
+    if _kernel is not None or _kernel_error is not None:
+        return _kernel is not None
+    try:
+        build = _build_inputs()
+    except Exception:  # noqa: BLE001 - no kernel for this CPU (`kernel` says why when asked)
+        return False
+    return _read_object(build.cache) is not None
 
 
 def unavailable_reason() -> str | None:

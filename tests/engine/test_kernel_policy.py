@@ -11,6 +11,7 @@ import torch
 
 from app.engine import kernel_policy as kp
 from app.engine.device import DeviceError, plan_load
+from app.models import int8_products
 from app.models.quantized import int4_kernel_available
 
 _TORCH_VERSION = torch.__version__
@@ -24,7 +25,10 @@ TINY = kp.ModelShapes("tiny", {(192, 64): 2, (64, 64): 2, (256, 64): 2, (64, 128
 
 # What nothing measured gives TINY, a model with 4-bit products (`default_policy`; pinned down
 # by the tests of the default below).
-TINY_DEFAULT = kp.default_policy("", TINY).label
+def tiny_default() -> str:
+    """(A function: which 4-bit kind it decodes with depends on whether this process has the
+    8-bit activation kernel ready, which a test may have compiled since.)"""
+    return kp.default_policy("", TINY).label
 
 
 def _m(decode, prefill, spread=0.0) -> kp.Measurement:
@@ -393,7 +397,7 @@ def test_erratic_timings_are_never_cached(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(kp, "measure", lambda *a, **k: calls.append(1) or erratic)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert "erratic" in policy.reason and policy.label == TINY_DEFAULT
+    assert "erratic" in policy.reason and policy.label == tiny_default()
     assert len(calls) == kp.MEASURE_TRIES == 2 and "after 2 measurements" in policy.reason
     assert "noise 90%" in policy.reason and "int4_bf16" in policy.reason  # what it saw
     assert kp.cached_policy(TINY, tmp_path) is None
@@ -437,7 +441,7 @@ def test_a_measurement_whose_threads_stalled_is_never_cached(tmp_path, monkeypat
                                   "int4_bf16": 8277.0}, 0.2), stalled=0.6, stall_ms=8.0)
     monkeypatch.setattr(kp, "measure", lambda *a, **k: stalled)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert policy.label == TINY_DEFAULT and policy.status == kp.NOT_MEASURED
+    assert policy.label == tiny_default() and policy.status == kp.NOT_MEASURED
     assert "threads waited for cores other programs held in 60% of the timings" in policy.reason
     assert "(waking them took 8.0 ms there" in policy.reason
     assert kp.cached_policy(TINY, tmp_path) is None
@@ -448,7 +452,7 @@ def test_a_measurement_whose_threads_stalled_is_never_cached(tmp_path, monkeypat
 def test_a_measurement_past_its_budget_keeps_the_default(tmp_path, monkeypatch):
     monkeypatch.setattr(kp, "BUDGET_S", 0.0)
     policy = kp.measure_and_choose(TINY, tmp_path)
-    assert policy.label == TINY_DEFAULT and "busy machine" in policy.reason
+    assert policy.label == tiny_default() and "busy machine" in policy.reason
     assert kp.cached_policy(TINY, tmp_path) is None
 
 
@@ -701,30 +705,45 @@ def test_auto_on_the_cpu_measures_once_then_checks_and_says_why(embedded_model_p
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
 def test_without_measuring_first_the_default_loads(embedded_model_path, _own_data_dir):
-    """Nothing measured on this machine: float16, decoding a model's 4-bit products with the
-    4-bit kernel (the 4-bit planes with a float16 copy for prefill)."""
+    """Nothing measured on this machine: float16, decoding a model's 4-bit products with a
+    4-bit kind (the 4-bit planes with a float16 copy for prefill): on 8-bit activations
+    where that kernel is ready (the suite's shared kernel folder holds it)."""
     plan = plan_load(embedded_model_path, torch.device("cpu"), "auto", measure=False)
     assert plan.policy_status == kp.NOT_MEASURED and plan.shapes is not None
-    assert plan.label == f"{kp.PROVISIONAL_DECODE} decode, {kp.DEFAULT} prefill"
+    decode = kp.provisional_decode(plan.shapes)
+    assert decode == (kp.INT8_KIND if int8_products.ready() else "int4_bf16")
+    assert plan.label == f"{decode} decode, {kp.DEFAULT} prefill"
     assert plan.reason.startswith(f"{plan.label} {kp.DEFAULT_SAYS} until this CPU is measured")
     assert (plan.dtype, plan.wide_dtype) == (torch.float16, None)
     assert plan.int4.int4 and plan.int4.int4_act_dtype == torch.bfloat16
+    assert plan.int4.int8_acts == (decode == kp.INT8_KIND)
     assert plan.int4.int4_wide_dtype == torch.float16  # prefill in float16, as before
     assert kp.cached_policy(plan.shapes, _own_data_dir) is None
 
 
 @pytest.mark.skipif(not int4_kernel_available(), reason="torch lacks the int4 kernel")
-def test_the_default_decodes_4_bit_products_only_where_the_kernel_runs(monkeypatch):
+def test_the_default_decodes_4_bit_products_with_the_first_kernel_ready(monkeypatch):
     assert kp.int4_kernel_runs()  # torch 2.13 on x86: the kernel is there and multiplies right
+    monkeypatch.setattr(kp.int8_products, "ready", lambda: True)
     policy = kp.default_policy("why", TINY)
-    assert (policy.decode, policy.prefill, policy.status) == ("int4_bf16", "float16", kp.NOT_MEASURED)
+    assert (policy.decode, policy.prefill, policy.status) == ("int4_i8", "float16", kp.NOT_MEASURED)
+    assert policy.reason == "int4_i8 decode, float16 prefill (default) why"
+    assert policy.weight_format(torch.device("cpu"), 1)[0].int8_acts
+    # The 8-bit activation kernel not compiled or saved yet (a first start that skipped the
+    # set-up), or seen failing by a measurement: torch's 4-bit kernel.
+    assert kp.default_policy("", TINY, failed={"int4_i8": "RuntimeError"}).decode == "int4_bf16"
+    monkeypatch.setattr(kp.int8_products, "ready", lambda: False)
+    policy = kp.default_policy("why", TINY)
+    assert (policy.decode, policy.prefill) == ("int4_bf16", "float16")
     assert policy.reason == "int4_bf16 decode, float16 prefill (default) why"
+    assert not policy.weight_format(torch.device("cpu"), 1)[0].int8_acts
     # No shapes, or no 4-bit products: float16 throughout.
     assert kp.default_policy("why").decode == kp.DEFAULT == "float16"
     floats_only = dataclasses.replace(TINY, int4_layers={}, head_planes=0)
     assert floats_only.int4_fraction == 0 and kp.default_policy("", floats_only).label == kp.DEFAULT
     # A measurement that saw the kernel fail, or a kernel that does not run here: float16.
     assert kp.default_policy("", TINY, failed={"int4_bf16": "RuntimeError"}).decode == kp.DEFAULT
+    monkeypatch.setattr(kp.int8_products, "ready", lambda: True)
     monkeypatch.setattr(kp, "int4_kernel_runs", lambda: False)
     assert kp.default_policy("", TINY).label == kp.DEFAULT
 
@@ -796,6 +815,32 @@ def test_an_unmeasured_model_borrows_the_newest_choice_measured_on_this_cpu(tmp_
     assert kp.borrowed_policy(TINY, tmp_path) is None
 
 
+def test_borrowing_compiles_nothing_and_takes_8_bit_activations_only_where_ready(tmp_path,
+                                                                                 monkeypatch):
+    """A first load looks for a choice to borrow: an entry that chose `int4_i8` is borrowed
+    only where the kernel is ready (saved by an earlier process); asking must not compile it
+    (~4 s of a first load)."""
+    from app.models import int8_products
+
+    def compile_asked():
+        raise AssertionError("borrowing asked for a compile")
+
+    older = dataclasses.replace(kp.choose(_m({"float32": 5.0, "float16": 3.0, "int4_bf16": 1.0},
+                                             {"float32": 50.0, "float16": 10.0}), OTHER),
+                                measured_at=1.0)
+    newer = kp.choose(_m({"float32": 5.0, "float16": 3.0, "int4_bf16": 2.0, "int4_i8": 1.0},
+                         {"float32": 50.0, "float16": 10.0}), OTHER)
+    assert newer.decode == "int4_i8"
+    kp._store(OTHER, tmp_path, older)
+    kp._store(dataclasses.replace(OTHER, name="third"), tmp_path, newer)
+    monkeypatch.setattr(int8_products, "available", compile_asked)
+    monkeypatch.setattr(int8_products, "_compile", compile_asked)
+    monkeypatch.setattr(int8_products, "ready", lambda: False)
+    assert kp.borrowed_policy(TINY, tmp_path).decode == "int4_bf16"  # the older entry
+    monkeypatch.setattr(int8_products, "ready", lambda: True)
+    assert kp.borrowed_policy(TINY, tmp_path).decode == "int4_i8"
+
+
 def test_a_borrowed_format_stays_when_the_models_own_measurement_is_unusable(
         embedded_model_path, smollm2_model_path, _own_data_dir, monkeypatch):
     from app.engine.session import ModelSession
@@ -849,12 +894,20 @@ def test_a_kv_dtype_kept_for_erratic_timings_is_measured_again_at_the_next_check
     assert kp._policy_from({**dataclasses.asdict(steady), "kv_unsettled": 1}) is None
 
 
-def test_the_default_never_compiles_the_8_bit_activation_kernel(monkeypatch):
-    """Only a measurement (or a load in `int4_i8`) compiles it (~0.6 s): not a first load."""
+def test_the_default_never_compiles_the_8_bit_activation_kernel(monkeypatch, tmp_path):
+    """Only a measurement (or a load in `int4_i8`) compiles it (~4 s): not a first load,
+    which takes it only where an earlier process saved it."""
     from app.models import int8_products
 
     def compile_asked():
         raise AssertionError("the default asked for the 8-bit activation kernel")
 
     monkeypatch.setattr(int8_products, "available", compile_asked)
-    assert kp.default_policy("", TINY).label == TINY_DEFAULT
+    monkeypatch.setattr(int8_products, "_compile", compile_asked)
+    assert kp.default_policy("", TINY).label.endswith("decode, float16 prefill")
+    # A process that has not compiled it, with no saved copy: torch's 4-bit kernel.
+    monkeypatch.setattr(int8_products, "_kernel", None)
+    monkeypatch.setattr(int8_products, "_kernel_error", None)
+    monkeypatch.setenv(int8_products.OBJECT_CACHE_ENV, str(tmp_path))
+    if kp.int4_kernel_runs():
+        assert kp.default_policy("", TINY).decode == "int4_bf16"

@@ -37,8 +37,9 @@ def test_first_load_uses_the_default_then_the_measured_policy(smollm2_model_path
     session.on_policy = heard.append
     try:
         info = session.load(smollm2_model_path, "cpu", "auto", progress=said.append)
-        four_bit = f"{kp.PROVISIONAL_DECODE} decode, {kp.DEFAULT} prefill"
-        assert info.policy_label == (four_bit if kp.int4_kernel_runs() else kp.DEFAULT)
+        decode = kp.provisional_decode(kp.shapes_for(smollm2_model_path, _own_data_dir))
+        assert info.policy_label == (f"{decode} decode, {kp.DEFAULT} prefill"
+                                     if decode != kp.DEFAULT else kp.DEFAULT)
         assert kp.DEFAULT_SAYS in info.policy_reason
         assert said[0].startswith("Loading ") and any(s.endswith("100%") for s in said)
         assert len(_reply(session).completion_ids) == 8  # serves while the tuner waits

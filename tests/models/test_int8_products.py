@@ -274,9 +274,15 @@ def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkey
 
     w, x = WEIGHTS["nibbles"](), torch.randn(3, 640)
     want = P.matmul(x, w)
+    monkeypatch.setattr(P, "_kernel", None)
+    monkeypatch.setattr(P, "_kernel_error", None)
+    assert not P.ready()  # nothing saved in this data folder: only a compile would do
+    assert P._kernel is None and P._kernel_error is None  # (and `ready` did not compile)
     fresh()
     saved = list((data_dir() / P.OBJECT_CACHE_DIR).glob("*.o"))
     assert len(saved) == 1
+    monkeypatch.setattr(P, "_kernel", None)
+    assert P.ready()  # a later process: the saved code
     optimized = []
     builder = llvm.create_pass_builder
     monkeypatch.setattr(llvm, "create_pass_builder", lambda *a: optimized.append(1) or builder(*a))

@@ -78,6 +78,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -702,7 +703,12 @@ class _Build:
     cpu_features: str
     threaded: bool
     isa: str  # e.g. "AVX2", "AVX512-VNNI"
-    cache: Path | None
+    cache: Path | None  # where its machine code is saved (None: no data folder)
+    name: str  # that file's name, also in a frozen build's own folder (`_bundled_object`)
+
+    def saved_code(self) -> bytes | None:
+        """Its machine code saved by an earlier process, or carried by a frozen build."""
+        return _read_object(self.cache) or _bundled_object(self.name)
 
 
 _irs: dict[tuple[bool, bool], str] = {}  # kernel_ir's text by (threaded, vnni): ~0.15 s to make
@@ -739,8 +745,10 @@ def _build_inputs() -> _Build:
         cpu, cpu_features = "haswell", ""
     else:
         cpu, cpu_features = llvm.get_host_cpu_name(), features.flatten()
-    cache = _object_path(ir, cpu, cpu_features, llvm.llvm_version_info)
-    return _Build(ir, cpu, cpu_features, threaded, isa + ("-VNNI" if vnni else ""), cache)
+    version = llvm.llvm_version_info
+    return _Build(ir, cpu, cpu_features, threaded, isa + ("-VNNI" if vnni else ""),
+                  _object_path(ir, cpu, cpu_features, version),
+                  _object_name(ir, cpu, cpu_features, version))
 
 
 def _compile() -> _Kernel:
@@ -752,7 +760,7 @@ def _compile() -> _Kernel:
     target = llvm.Target.from_default_triple()
     machine = target.create_target_machine(cpu=build.cpu, features=build.cpu_features, opt=3)
     cache = build.cache
-    cached = _read_object(cache)
+    cached = build.saved_code()
     if cached is None:  # optimized and compiled (~4 s on a 2-core AMD EPYC); else the saved code
         passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
         passes.getModulePassManager().run(module, passes)
@@ -788,16 +796,31 @@ OBJECT_CACHE_ENV = "FERROX_KERNEL_CACHE_DIR"
 _CHECKSUM_BYTES = 32
 
 
+def _object_name(ir: str, cpu: str, features: str, llvm_version) -> str:
+    key = hashlib.sha256("\n".join((ir, cpu, features, str(llvm_version))).encode()).hexdigest()
+    return f"int8_products-{key[:32]}.o"
+
+
 def _object_path(ir: str, cpu: str, features: str, llvm_version) -> Path | None:
     try:
         from app.paths import data_dir
 
-        key = hashlib.sha256("\n".join((ir, cpu, features, str(llvm_version))).encode()).hexdigest()
         shared = os.environ.get(OBJECT_CACHE_ENV)
         folder = Path(shared) if shared else data_dir() / OBJECT_CACHE_DIR
-        return folder / f"int8_products-{key[:32]}.o"
+        return folder / _object_name(ir, cpu, features, llvm_version)
     except OSError:  # no data folder: compile every time
         return None
+
+
+def _bundled_object(name: str) -> bytes | None:
+    """The machine code a frozen build carries under this name (its `OBJECT_CACHE_DIR`),
+    or None. The build compiles the AVX2 version (`packaging/build.py`): its code is the
+    same on every AVX2 machine (compiled for "haswell", no features beyond), so a double-
+    click app's first start on one decodes with the kernel before any compile of its own."""
+    base = getattr(sys, "_MEIPASS", None)
+    if not getattr(sys, "frozen", False) or base is None:
+        return None
+    return _read_object(Path(base) / OBJECT_CACHE_DIR / name)
 
 
 def _read_object(path: Path | None) -> bytes | None:
@@ -846,15 +869,15 @@ def available() -> bool:
 
 def ready() -> bool:
     """Whether the kernel runs here without compiling it now: compiled in this process, or
-    its machine code saved by an earlier one (loaded in ~0.3 s where compiling takes ~4 s).
-    Never compiles."""
+    its machine code saved by an earlier one or carried by a frozen build (loaded in ~0.3 s
+    where compiling takes ~4 s). Never compiles."""
     if _kernel is not None or _kernel_error is not None:
         return _kernel is not None
     try:
         build = _build_inputs()
     except Exception:  # noqa: BLE001 - no kernel for this CPU (`kernel` says why when asked)
         return False
-    return _read_object(build.cache) is not None
+    return build.saved_code() is not None
 
 
 def unavailable_reason() -> str | None:

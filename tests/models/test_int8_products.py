@@ -4,6 +4,8 @@ no bit, GGUF blocks map onto its layouts exactly, and where it cannot run nothin
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as T
@@ -294,6 +296,36 @@ def test_the_compiled_kernel_is_kept_and_a_damaged_copy_is_compiled_again(monkey
     assert P._read_object(saved[0]) is not None
     monkeypatch.setenv(P.OBJECT_CACHE_ENV, str(tmp_path / "shared"))  # a folder of their own
     assert P._object_path("ir", "cpu", "", (1,)).parent == tmp_path / "shared"
+
+
+@needs_kernel
+def test_a_frozen_build_carries_its_kernel_and_a_first_start_uses_it(monkeypatch, tmp_path):
+    """The double-click build carries the machine code its build compiled
+    (`packaging/build.py`): a first start, its data folder empty, finds it there (`ready`)
+    and loads it instead of compiling; nothing is written to the data folder for it."""
+    import llvmlite.binding as llvm
+
+    w, x = WEIGHTS["nibbles"](), torch.randn(3, 640)
+    want = P.matmul(x, w)
+    build = P._build_inputs()
+    code = build.saved_code()  # (the suite's shared folder has it: this process compiled it)
+    assert code is not None
+    carried = tmp_path / "bundle" / P.OBJECT_CACHE_DIR
+    carried.mkdir(parents=True)
+    P._write_object(carried / build.name, code)
+    monkeypatch.setenv(P.OBJECT_CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(P, "_kernel", None)
+    monkeypatch.setattr(P, "_kernel_error", None)
+    assert not P.ready()  # not a frozen build: only a compile would do
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path / "bundle"), raising=False)
+    assert P.ready()
+    optimized = []
+    builder = llvm.create_pass_builder
+    monkeypatch.setattr(llvm, "create_pass_builder", lambda *a: optimized.append(1) or builder(*a))
+    assert P.kernel() is not None and not optimized
+    assert torch.equal(P.matmul(x, w), want)
+    assert not (tmp_path / "empty").exists()
 
 
 @needs_kernel

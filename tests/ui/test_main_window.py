@@ -53,7 +53,9 @@ def test_the_status_bar_follows_the_measured_format_and_says_why(driver):
     assert label.toolTip().splitlines() == [
         "int4_bf16, bfloat16 KV: measured on this CPU: KV cache bfloat16",
         f"Decode steps run in {loaded.decode_step}."]
-    assert loaded.decode_step in ("TorchScript", "Python")  # TorchScript is available here
+    # (not "Python (TorchScript unavailable)": the scripted step and the compiled layers run
+    # here; which one depends on whether the run has the 8-bit kernel ready yet)
+    assert loaded.decode_step in ("compiled layers", "TorchScript", "Python")
     assert driver.controller.model_info == settled
 
 

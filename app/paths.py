@@ -8,11 +8,19 @@ platformdirs' user data directory (e.g. ~/.local/share/ferrox-chat on Linux,
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from platformdirs import user_data_dir
 
 APP_DIR_NAME = "ferrox-chat"
+
+
+def bundle_dir() -> Path | None:
+    """The folder a frozen (PyInstaller) build unpacks its data into, sys._MEIPASS; None when
+    running from source."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    return Path(bundle) if bundle else None
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:

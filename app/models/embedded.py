@@ -20,12 +20,12 @@ import hashlib
 import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.models.errors import ModelError
+from app.paths import bundle_dir
 
 _CHUNK = 1 << 20
 
@@ -41,9 +41,9 @@ def package_folder(module: str) -> Path | None:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    frozen = getattr(sys, "_MEIPASS", None)
-    if frozen and (Path(frozen) / module).is_dir():
-        return Path(frozen) / module
+    frozen = bundle_dir()
+    if frozen is not None and (frozen / module).is_dir():
+        return frozen / module
     return None
 
 

@@ -78,7 +78,6 @@ import hashlib
 import logging
 import os
 import platform
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -745,10 +744,10 @@ def _build_inputs() -> _Build:
         cpu, cpu_features = "haswell", ""
     else:
         cpu, cpu_features = llvm.get_host_cpu_name(), features.flatten()
-    version = llvm.llvm_version_info
+    name = _object_name(ir, cpu, cpu_features, llvm.llvm_version_info)  # (a hash of ~1 MB of IR)
+    folder = _object_folder()
     return _Build(ir, cpu, cpu_features, threaded, isa + ("-VNNI" if vnni else ""),
-                  _object_path(ir, cpu, cpu_features, version),
-                  _object_name(ir, cpu, cpu_features, version))
+                  folder / name if folder is not None else None, name)
 
 
 def _compile() -> _Kernel:
@@ -801,15 +800,20 @@ def _object_name(ir: str, cpu: str, features: str, llvm_version) -> str:
     return f"int8_products-{key[:32]}.o"
 
 
-def _object_path(ir: str, cpu: str, features: str, llvm_version) -> Path | None:
+def _object_folder() -> Path | None:
+    """Where compiled kernels are saved (None: no data folder, compile every time)."""
     try:
         from app.paths import data_dir
 
         shared = os.environ.get(OBJECT_CACHE_ENV)
-        folder = Path(shared) if shared else data_dir() / OBJECT_CACHE_DIR
-        return folder / _object_name(ir, cpu, features, llvm_version)
-    except OSError:  # no data folder: compile every time
+        return Path(shared) if shared else data_dir() / OBJECT_CACHE_DIR
+    except OSError:
         return None
+
+
+def _object_path(ir: str, cpu: str, features: str, llvm_version) -> Path | None:
+    folder = _object_folder()
+    return folder / _object_name(ir, cpu, features, llvm_version) if folder is not None else None
 
 
 def _bundled_object(name: str) -> bytes | None:
@@ -817,10 +821,10 @@ def _bundled_object(name: str) -> bytes | None:
     or None. The build compiles the AVX2 version (`packaging/build.py`): its code is the
     same on every AVX2 machine (compiled for "haswell", no features beyond), so a double-
     click app's first start on one decodes with the kernel before any compile of its own."""
-    base = getattr(sys, "_MEIPASS", None)
-    if not getattr(sys, "frozen", False) or base is None:
-        return None
-    return _read_object(Path(base) / OBJECT_CACHE_DIR / name)
+    from app.paths import bundle_dir
+
+    bundle = bundle_dir()
+    return _read_object(bundle / OBJECT_CACHE_DIR / name) if bundle is not None else None
 
 
 def _read_object(path: Path | None) -> bytes | None:

@@ -3,17 +3,17 @@ derived from the palette (tints, the error colour), so light and dark themes bot
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from app.paths import bundle_dir
 from app.ui.qt import QtCore, QtGui
 
 
 def resources_dir() -> Path:
     """resources/ next to the `app` package, or inside a PyInstaller bundle (sys._MEIPASS)."""
-    bundle = getattr(sys, "_MEIPASS", None)
-    if bundle:
-        return Path(bundle) / "resources"
+    bundle = bundle_dir()
+    if bundle is not None:
+        return bundle / "resources"
     return Path(__file__).resolve().parents[2] / "resources"
 
 
